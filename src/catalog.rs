@@ -1,0 +1,459 @@
+//! The catalog: which OS versions are installable, which driver each gets,
+//! which GPU families each branch drives, and which pairs are known broken.
+//! It is data (`catalog/catalog.toml`), embedded at build time and
+//! replaceable with `--catalog PATH`.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::host::{KernelVersion, ModuleFlavor, is_driver_version};
+use crate::report::Reason;
+
+pub const EMBEDDED: &str = include_str!("../catalog/catalog.toml");
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Catalog {
+    pub schema_version: u32,
+    pub default_branch: String,
+    #[serde(default)]
+    pub mirrors: Vec<String>,
+    pub url_templates: UrlTemplates,
+    #[serde(default)]
+    pub os: Vec<OsEntry>,
+    #[serde(default)]
+    pub drivers: Vec<DriverEntry>,
+    #[serde(default)]
+    pub policies: Vec<Policy>,
+    #[serde(default)]
+    pub architectures: Vec<Architecture>,
+    #[serde(default)]
+    pub exclusions: Vec<Exclusion>,
+    /// Where it came from, for messages.
+    #[serde(skip)]
+    pub origin: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UrlTemplates {
+    pub datacenter: String,
+    pub geforce: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OsEntry {
+    pub id: String,
+    pub name: String,
+    pub headers_repository: String,
+    #[serde(default)]
+    pub releases: Vec<OsRelease>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OsRelease {
+    pub version: String,
+    #[serde(default)]
+    pub codename: Option<String>,
+    #[serde(default)]
+    pub kernel_series: Vec<String>,
+    pub suite: String,
+    #[serde(default)]
+    pub backports_suite: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Channel {
+    Datacenter,
+    Geforce,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DriverEntry {
+    pub branch: String,
+    pub version: String,
+    pub channel: Channel,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub sha256: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    pub name: String,
+    pub os: String,
+    #[serde(default)]
+    pub os_versions: Vec<String>,
+    #[serde(default)]
+    pub kernel_series: Vec<String>,
+    pub branch: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Architecture {
+    pub name: String,
+    pub device_ids: Vec<String>,
+    pub open_modules: bool,
+    #[serde(default)]
+    pub open_only: bool,
+    #[serde(default)]
+    pub min_branch: Option<String>,
+    #[serde(default)]
+    pub max_branch: Option<String>,
+    /// Parsed from `device_ids` by [`Catalog::validate`].
+    #[serde(skip)]
+    ranges: Vec<(u16, u16)>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Exclusion {
+    pub driver: String,
+    #[serde(default)]
+    pub kernel_min: Option<String>,
+    #[serde(default)]
+    pub kernel_max: Option<String>,
+    #[serde(default)]
+    pub flavor: Option<ModuleFlavor>,
+    pub reason: String,
+}
+
+/// `"570.195.03"` → 570; `"580"` → 580.
+pub fn branch_of(version: &str) -> Option<u32> {
+    version.split('.').next()?.parse().ok()
+}
+
+/// Compares driver versions numerically, part by part.
+pub fn version_key(version: &str) -> Vec<u32> {
+    version.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+}
+
+/// An OS version matches a catalog version exactly, or as its leading
+/// dot-separated parts ("1592" matches "1592.4", not "15920.1").
+pub fn version_matches(host: &str, pattern: &str) -> bool {
+    host == pattern
+        || host
+            .strip_prefix(pattern)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+impl Catalog {
+    pub fn embedded() -> Result<Self> {
+        Self::parse(EMBEDDED, "the embedded catalog")
+    }
+
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(Reason::CatalogInvalid, "reading catalog", path, e))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        let invalid = |msg: String| {
+            Error::new(Reason::CatalogInvalid, format!("catalog {origin}: {msg}"))
+                .with_hint("fix the file or omit --catalog to use the embedded one")
+        };
+        let mut cat: Catalog = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        cat.origin = origin.to_string();
+        cat.validate().map_err(invalid)?;
+        Ok(cat)
+    }
+
+    fn validate(&mut self) -> Result<(), String> {
+        if self.schema_version != SCHEMA_VERSION {
+            return Err(format!(
+                "schemaVersion {} is not supported (this installer reads {SCHEMA_VERSION})",
+                self.schema_version
+            ));
+        }
+        for d in &self.drivers {
+            if !is_driver_version(&d.version) {
+                return Err(format!("driver version {:?} is malformed", d.version));
+            }
+            if branch_of(&d.version).map(|b| b.to_string()) != Some(d.branch.clone()) {
+                return Err(format!(
+                    "driver {} is listed under branch {}",
+                    d.version, d.branch
+                ));
+            }
+            if let Some(sum) = &d.sha256 {
+                if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!("driver {}: sha256 is not 64 hex digits", d.version));
+                }
+            }
+        }
+        let known_branch = |b: &str| self.drivers.iter().any(|d| d.branch == b);
+        if !known_branch(&self.default_branch) {
+            return Err(format!(
+                "defaultBranch {} has no [[drivers]] entry",
+                self.default_branch
+            ));
+        }
+        for p in &self.policies {
+            if !known_branch(&p.branch) {
+                return Err(format!(
+                    "policy {} names branch {}, which has no [[drivers]] entry",
+                    p.name, p.branch
+                ));
+            }
+        }
+        for a in &mut self.architectures {
+            a.ranges = a
+                .device_ids
+                .iter()
+                .map(|r| {
+                    parse_range(r).ok_or_else(|| {
+                        format!(
+                            "architecture {}: bad device id range {r:?} (want \"0x1e00-0x1fff\")",
+                            a.name
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        for x in &self.exclusions {
+            for k in [&x.kernel_min, &x.kernel_max].into_iter().flatten() {
+                if KernelVersion::parse(k).is_none() {
+                    return Err(format!(
+                        "exclusion for driver {}: bad kernel version {k:?}",
+                        x.driver
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn os(&self, id: &str) -> Option<&OsEntry> {
+        self.os.iter().find(|o| o.id == id)
+    }
+
+    pub fn driver_for_branch(&self, branch: &str) -> Option<&DriverEntry> {
+        self.drivers.iter().find(|d| d.branch == branch)
+    }
+
+    pub fn driver_for_version(&self, version: &str) -> Option<&DriverEntry> {
+        self.drivers.iter().find(|d| d.version == version)
+    }
+
+    /// The first policy that matches the host's OS, OS version and kernel.
+    pub fn policy_for(
+        &self,
+        os_id: &str,
+        os_version: Option<&str>,
+        kernel: Option<KernelVersion>,
+    ) -> Option<&Policy> {
+        self.policies.iter().find(|p| {
+            p.os == os_id
+                && (p.os_versions.is_empty()
+                    || os_version
+                        .is_some_and(|v| p.os_versions.iter().any(|pat| version_matches(v, pat))))
+                && (p.kernel_series.is_empty()
+                    || kernel.is_some_and(|k| p.kernel_series.contains(&k.series())))
+        })
+    }
+
+    pub fn architecture_of(&self, device_id: u16) -> Option<&Architecture> {
+        self.architectures.iter().find(|a| {
+            a.ranges
+                .iter()
+                .any(|&(lo, hi)| (lo..=hi).contains(&device_id))
+        })
+    }
+
+    /// The exclusion that forbids this driver on this kernel, if any.
+    pub fn exclusion_for(
+        &self,
+        driver_version: &str,
+        kernel: KernelVersion,
+        flavor: Option<ModuleFlavor>,
+    ) -> Option<&Exclusion> {
+        self.exclusions.iter().find(|x| {
+            let driver_hit = x.driver == driver_version
+                || (!x.driver.contains('.')
+                    && branch_of(driver_version).map(|b| b.to_string()).as_deref()
+                        == Some(x.driver.as_str()));
+            let min_ok = x
+                .kernel_min
+                .as_deref()
+                .and_then(KernelVersion::parse)
+                .is_none_or(|m| kernel >= m);
+            let max_ok = x
+                .kernel_max
+                .as_deref()
+                .and_then(KernelVersion::parse)
+                .is_none_or(|m| kernel < m);
+            let flavor_ok = x.flavor.is_none() || x.flavor == flavor;
+            driver_hit && min_ok && max_ok && flavor_ok
+        })
+    }
+
+    pub fn url_for(&self, version: &str, channel: Channel) -> String {
+        let template = match channel {
+            Channel::Datacenter => &self.url_templates.datacenter,
+            Channel::Geforce => &self.url_templates.geforce,
+        };
+        template.replace("{version}", version)
+    }
+}
+
+impl OsEntry {
+    pub fn release_for(&self, version: &str) -> Option<&OsRelease> {
+        self.releases
+            .iter()
+            .find(|r| version_matches(version, &r.version))
+    }
+}
+
+fn parse_range(s: &str) -> Option<(u16, u16)> {
+    let hex = |p: &str| u16::from_str_radix(p.trim().trim_start_matches("0x"), 16).ok();
+    let (lo, hi) = match s.split_once('-') {
+        Some((a, b)) => (hex(a)?, hex(b)?),
+        None => (hex(s)?, hex(s)?),
+    };
+    (lo <= hi).then_some((lo, hi))
+}
+
+impl Architecture {
+    pub fn supports_branch(&self, branch: u32) -> bool {
+        let bound = |b: &Option<String>| b.as_deref().and_then(|s| s.parse::<u32>().ok());
+        bound(&self.min_branch).is_none_or(|m| branch >= m)
+            && bound(&self.max_branch).is_none_or(|m| branch <= m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_catalog_is_valid() {
+        let c = Catalog::embedded().unwrap();
+        assert!(c.driver_for_branch(&c.default_branch).is_some());
+        assert_eq!(c.architecture_of(0x1eb8).unwrap().name, "turing");
+        assert_eq!(c.architecture_of(0x1db1).unwrap().name, "volta");
+        assert_eq!(c.architecture_of(0x15f8).unwrap().name, "pascal");
+        assert_eq!(c.architecture_of(0x20b2).unwrap().name, "ampere");
+        assert_eq!(c.architecture_of(0x2330).unwrap().name, "hopper");
+        assert_eq!(c.architecture_of(0x27b8).unwrap().name, "ada");
+        assert_eq!(c.architecture_of(0x2901).unwrap().name, "blackwell");
+        assert!(c.architecture_of(0x0001).is_none());
+    }
+
+    #[test]
+    fn version_matching() {
+        assert!(version_matches("1592.4", "1592"));
+        assert!(version_matches("2150.0.0", "2150"));
+        assert!(version_matches("12", "12"));
+        assert!(!version_matches("15920.1", "1592"));
+        assert!(!version_matches("120", "12"));
+        assert_eq!(branch_of("570.195.03"), Some(570));
+        assert!(version_key("580.95.05") < version_key("580.105.08"));
+    }
+
+    #[test]
+    fn policies_match_on_os_version_and_kernel() {
+        let c = Catalog::embedded().unwrap();
+        let k61 = KernelVersion::parse("6.1.0-50-cloud-amd64");
+        let k612 = KernelVersion::parse("6.12.57+deb13-cloud-amd64");
+        assert_eq!(
+            c.policy_for("debian", Some("12"), k61).unwrap().branch,
+            "535"
+        );
+        assert!(c.policy_for("debian", Some("12"), k612).is_none());
+        assert_eq!(
+            c.policy_for("debian", Some("13"), k612).unwrap().branch,
+            "550"
+        );
+        let k66 = KernelVersion::parse("6.6.63-cloud-amd64");
+        assert_eq!(
+            c.policy_for("gardenlinux", Some("1592.4"), k66)
+                .unwrap()
+                .branch,
+            "570"
+        );
+    }
+
+    #[test]
+    fn exclusions_match_branch_kernel_range_and_flavor() {
+        let c = Catalog::parse(
+            &format!(
+                "{EMBEDDED}\n[[exclusions]]\ndriver = \"535\"\nkernelMin = \"6.12\"\nflavor = \"open\"\nreason = \"kernel API\"\n"
+            ),
+            "test",
+        )
+        .unwrap();
+        let k = |s| KernelVersion::parse(s).unwrap();
+        let open = Some(ModuleFlavor::Open);
+        assert!(c.exclusion_for("535.274.02", k("6.12.57"), open).is_some());
+        assert!(c.exclusion_for("535.274.02", k("6.11.0"), open).is_none());
+        assert!(
+            c.exclusion_for("535.274.02", k("6.12.0"), Some(ModuleFlavor::Proprietary))
+                .is_none()
+        );
+        assert!(c.exclusion_for("550.163.01", k("6.12.0"), open).is_none());
+    }
+
+    #[test]
+    fn invalid_catalogs_are_refused_with_the_reason() {
+        let cases = [
+            ("schemaVersion = 2", "schemaVersion 2"),
+            ("nonsense", "catalog test"),
+            ("defaultBranch = \"999\"", "defaultBranch 999"),
+        ];
+        for (patch, want) in cases {
+            let text = EMBEDDED
+                .replace(
+                    "schemaVersion = 1",
+                    if patch.starts_with("schema") {
+                        patch
+                    } else {
+                        "schemaVersion = 1"
+                    },
+                )
+                .replace(
+                    "defaultBranch = \"580\"",
+                    if patch.starts_with("default") {
+                        patch
+                    } else {
+                        "defaultBranch = \"580\""
+                    },
+                );
+            let text = if patch == "nonsense" {
+                format!("{text}\nnonsense\n")
+            } else {
+                text
+            };
+            let err = Catalog::parse(&text, "test").unwrap_err();
+            assert_eq!(err.reason, Reason::CatalogInvalid);
+            assert!(err.message.contains(want), "{}", err.message);
+        }
+        let bad_range = EMBEDDED.replace("\"0x2900-0x2fff\"", "\"0x2fff-0x2900\"");
+        assert!(
+            Catalog::parse(&bad_range, "t")
+                .unwrap_err()
+                .message
+                .contains("blackwell")
+        );
+        let bad_sum = EMBEDDED.replace(
+            "version = \"580.95.05\"",
+            "version = \"580.95.05\"\nsha256 = \"abc\"",
+        );
+        assert!(
+            Catalog::parse(&bad_sum, "t")
+                .unwrap_err()
+                .message
+                .contains("sha256")
+        );
+    }
+}

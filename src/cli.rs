@@ -1,0 +1,243 @@
+//! Command line: parses arguments, runs one command, prints its result
+//! document and turns its reason into the exit code.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+use crate::catalog::Catalog;
+use crate::detect::{self, DetectOptions, DetectSpec, HostReport};
+use crate::error::{Error, Result};
+use crate::host::{HostRoot, HostRootSource};
+use crate::report::{self, Kind, Outcome, Reason, ResultDocument};
+use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpu-driver-installer",
+    version,
+    about = "Detects a node, resolves the NVIDIA driver it needs, and reports in JSON",
+    long_about = None
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// The host's root filesystem. Default: /host if it holds an os-release,
+    /// else /proc/1/root in a hostPID pod, else /.
+    #[arg(long, global = true, value_name = "PATH", env = "GPU_DRIVER_HOST_ROOT")]
+    pub host_root: Option<PathBuf>,
+    /// Catalog file to use instead of the embedded one.
+    #[arg(long, global = true, value_name = "PATH", env = "GPU_DRIVER_CATALOG")]
+    pub catalog: Option<PathBuf>,
+    /// Kernel release to target instead of the running one.
+    #[arg(long, global = true, value_name = "RELEASE")]
+    pub kernel_release: Option<String>,
+    /// Write the result document here (atomically) instead of stdout.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// Where Kubernetes reads the termination message; written only if it
+    /// exists and is writable.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        default_value = "/dev/termination-log"
+    )]
+    pub termination_log: PathBuf,
+    /// Diagnostics on stderr: error, warn, info, debug, trace (or RUST_LOG).
+    #[arg(long, global = true, value_name = "LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Report the OS, kernel, NVIDIA GPUs, loaded driver and Secure Boot state.
+    Detect,
+    /// Decide driver version, module flavor, kernel headers and package.
+    Resolve(ResolveArgs),
+    /// Print the JSON Schema of every result document.
+    Schema,
+}
+
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    /// Install exactly this driver version (e.g. 580.95.05).
+    #[arg(long, value_name = "VERSION")]
+    pub driver_version: Option<String>,
+    /// Kernel module flavor.
+    #[arg(long, value_enum, default_value_t = FlavorChoice::Auto)]
+    pub flavor: FlavorChoice,
+}
+
+/// Entry point: returns the process exit code.
+pub fn run() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; usage errors
+            // print to stderr and exit 2.
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    init_tracing(&cli.global.log_level);
+    match execute(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(e.reason.exit_code())
+        }
+    }
+}
+
+fn init_tracing(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
+/// Runs the command; `Err` only when the result itself cannot be delivered.
+pub fn execute(cli: &Cli) -> Result<u8> {
+    let g = &cli.global;
+    match &cli.command {
+        Command::Schema => {
+            emit_raw(g, &crate::schema::results_schema_json()?)?;
+            Ok(0)
+        }
+        Command::Detect => {
+            let root = host_root(g);
+            let doc = match load_catalog(g) {
+                Ok((catalog, _)) => detect::detect(&DetectOptions {
+                    root: &root,
+                    catalog: &catalog,
+                    kernel_release: g.kernel_release.clone(),
+                }),
+                Err(e) => failed_host_report(&root, g, &e),
+            };
+            deliver(g, Kind::HostReport, &doc)
+        }
+        Command::Resolve(args) => {
+            let root = host_root(g);
+            let doc = match load_catalog(g) {
+                Ok((catalog, label)) => resolve::resolve(&ResolveOptions {
+                    root: &root,
+                    catalog: &catalog,
+                    catalog_label: label,
+                    kernel_release: g.kernel_release.clone(),
+                    driver_version: args.driver_version.clone(),
+                    flavor: args.flavor,
+                }),
+                Err(e) => failed_plan(&root, g, args, &e),
+            };
+            deliver(g, Kind::InstallPlan, &doc)
+        }
+    }
+}
+
+fn host_root(g: &GlobalArgs) -> HostRoot {
+    match &g.host_root {
+        Some(p) => HostRoot::new(p, HostRootSource::Flag),
+        None => HostRoot::auto(),
+    }
+}
+
+fn load_catalog(g: &GlobalArgs) -> Result<(Catalog, String)> {
+    match &g.catalog {
+        Some(p) => Ok((Catalog::load(p)?, p.display().to_string())),
+        None => Ok((Catalog::embedded()?, "embedded".to_string())),
+    }
+}
+
+fn failed_host_report(root: &HostRoot, g: &GlobalArgs, e: &Error) -> HostReport {
+    detect::detect_failed(
+        DetectSpec {
+            host_root: root.path().display().to_string(),
+            host_root_source: root.source(),
+            kernel_release_override: g.kernel_release.clone(),
+        },
+        Outcome::from_error(e),
+    )
+}
+
+fn failed_plan(root: &HostRoot, g: &GlobalArgs, args: &ResolveArgs, e: &Error) -> InstallPlan {
+    resolve::plan_failed(
+        ResolveSpec {
+            host_root: root.path().display().to_string(),
+            driver_version: args.driver_version.clone(),
+            flavor: args.flavor,
+            kernel_release_override: g.kernel_release.clone(),
+            catalog: g
+                .catalog
+                .as_ref()
+                .map_or("embedded".into(), |p| p.display().to_string()),
+        },
+        Outcome::from_error(e),
+    )
+}
+
+/// Prints (or writes) the document, copies it to the termination log, logs
+/// the outcome on stderr and returns the exit code of its reason.
+fn deliver<T: ResultDocument + Serialize>(g: &GlobalArgs, kind: Kind, doc: &T) -> Result<u8> {
+    let outcome = doc.outcome();
+    match outcome.reason.phase() {
+        report::Phase::Failed => tracing::error!("{}: {}", outcome.reason, outcome.message),
+        _ => tracing::info!("{}: {}", outcome.reason, outcome.message),
+    }
+    emit_raw(g, &report::to_json(doc)?)?;
+    let message = report::termination_message(kind, doc)?;
+    if let Err(e) = report::write_termination_log(&g.termination_log, &message) {
+        tracing::warn!("termination log not written: {e}");
+    }
+    Ok(outcome.reason.exit_code())
+}
+
+fn emit_raw(g: &GlobalArgs, text: &str) -> Result<()> {
+    match &g.output {
+        Some(path) => write_atomic(path, text.as_bytes()),
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(|e| Error::io(Reason::Internal, "writing", Path::new("<stdout>"), e))
+        }
+    }
+}
+
+/// Temp file in the same directory, fsync, rename: a reader never sees a
+/// half-written result.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "result".into());
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let io = |action: &str, p: &Path, e| Error::io(Reason::InvalidArgument, action, p, e);
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", &tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| io("writing", &tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io("renaming into place", path, e)
+    })
+}

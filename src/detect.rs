@@ -1,0 +1,248 @@
+//! `detect`: what this node is. Reads os-release, the kernel, PCI devices,
+//! loaded NVIDIA modules and Secure Boot through the host root.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::host::{
+    self, HostRoot, HostRootSource, LoadedDriver, LoadedModule, OsInfo, PciRole, SecureBoot,
+};
+use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DetectSpec {
+    pub host_root: String,
+    pub host_root_source: HostRootSource,
+    /// `--kernel-release`, when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_release_override: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Gpu {
+    /// `0000:3b:00.0`
+    pub pci_address: String,
+    /// `0x1eb8`
+    pub device_id: String,
+    /// `0x10de:0x12a2`, when sysfs shows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subsystem_id: Option<String>,
+    /// `0x030200`
+    pub pci_class: String,
+    /// GPU family from the catalog's device id ranges (`turing`, `hopper`, …);
+    /// absent when the id is in no known range.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
+    /// Whether NVIDIA's open kernel modules can drive it (Turing and newer);
+    /// absent when the architecture is unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_modules_supported: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatus {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub os: Option<OsInfo>,
+    /// Whether the catalog lists this OS and version as installable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub os_supported: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_release: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+    /// PCI addresses of NVSwitch fabric bridges (they need Fabric Manager,
+    /// not a driver of their own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvswitches: Vec<String>,
+    /// NVIDIA modules (and nouveau) in `/proc/modules`.
+    #[serde(default)]
+    pub loaded_modules: Vec<LoadedModule>,
+    /// What `/proc/driver/nvidia/version` reports, when the driver is loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loaded_driver: Option<LoadedDriver>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<SecureBoot>,
+}
+
+impl HostStatus {
+    fn new() -> Self {
+        HostStatus {
+            outcome: Outcome::new(Reason::Internal, "detection did not finish"),
+            os: None,
+            os_supported: None,
+            kernel_release: None,
+            boot_id: None,
+            gpus: Vec::new(),
+            nvswitches: Vec::new(),
+            loaded_modules: Vec::new(),
+            loaded_driver: None,
+            secure_boot: None,
+        }
+    }
+}
+
+pub type HostReport = Document<DetectSpec, HostStatus>;
+
+impl ResultDocument for HostReport {
+    fn outcome(&self) -> &Outcome {
+        &self.status.outcome
+    }
+}
+
+pub struct DetectOptions<'a> {
+    pub root: &'a HostRoot,
+    pub catalog: &'a Catalog,
+    pub kernel_release: Option<String>,
+}
+
+/// Reads everything and decides the outcome: `NoGpu` (Skipped) when there is
+/// no NVIDIA GPU — whatever the OS, a node without a GPU needs nothing —
+/// then `UnsupportedOs` (Failed), else `Detected`. A host read error ends the
+/// report Failed with what was read so far.
+pub fn detect(opts: &DetectOptions) -> HostReport {
+    let spec = DetectSpec {
+        host_root: opts.root.path().display().to_string(),
+        host_root_source: opts.root.source(),
+        kernel_release_override: opts.kernel_release.clone(),
+    };
+    let mut status = HostStatus::new();
+    status.outcome = match fill(&mut status, opts) {
+        Ok(()) => decide(&status, opts.catalog),
+        Err(e) => Outcome::from_error(&e),
+    };
+    Document::new(Kind::HostReport, spec, status)
+}
+
+/// A report that ended before detection could start (e.g. a bad catalog).
+pub fn detect_failed(spec: DetectSpec, outcome: Outcome) -> HostReport {
+    let mut status = HostStatus::new();
+    status.outcome = outcome;
+    Document::new(Kind::HostReport, spec, status)
+}
+
+fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
+    let root = opts.root;
+    let os = host::read_os(root)?;
+    st.os_supported = Some(os_supported(opts.catalog, &os));
+    st.os = Some(os);
+    st.kernel_release = Some(match &opts.kernel_release {
+        Some(k) => k.clone(),
+        None => host::read_kernel_release(root)?,
+    });
+    st.boot_id = host::read_boot_id(root)?;
+    for dev in host::read_pci_devices(&host::pci_devices_dir(root))? {
+        match dev.role() {
+            PciRole::Gpu => {
+                let arch = opts.catalog.architecture_of(dev.device);
+                st.gpus.push(Gpu {
+                    pci_address: dev.address.clone(),
+                    device_id: format!("0x{:04x}", dev.device),
+                    subsystem_id: dev
+                        .subsystem_vendor
+                        .zip(dev.subsystem_device)
+                        .map(|(v, d)| format!("0x{v:04x}:0x{d:04x}")),
+                    pci_class: format!("0x{:06x}", dev.class),
+                    architecture: arch.map(|a| a.name.clone()),
+                    open_modules_supported: arch.map(|a| a.open_modules),
+                });
+            }
+            PciRole::NvSwitch => st.nvswitches.push(dev.address.clone()),
+            PciRole::OtherNvidia | PciRole::NotNvidia => {}
+        }
+    }
+    let modules_path = root.kernel_path("/proc/modules");
+    if let Some(text) = host::read_optional(&modules_path)? {
+        st.loaded_modules = host::parse_proc_modules(&text)?;
+    }
+    let version_path = root.kernel_path("/proc/driver/nvidia/version");
+    st.loaded_driver = host::read_optional(&version_path)?
+        .as_deref()
+        .and_then(host::parse_nvidia_version);
+    st.secure_boot = Some(host::read_secure_boot(root)?);
+    Ok(())
+}
+
+pub fn os_supported(catalog: &Catalog, os: &OsInfo) -> bool {
+    match (catalog.os(&os.id), &os.version) {
+        (Some(entry), Some(v)) => entry.release_for(v).is_some(),
+        _ => false,
+    }
+}
+
+fn decide(st: &HostStatus, catalog: &Catalog) -> Outcome {
+    let Some(os) = &st.os else {
+        return Outcome::new(Reason::Internal, "detection finished without an OS");
+    };
+    if st.gpus.is_empty() {
+        return Outcome::new(
+            Reason::NoGpu,
+            "no NVIDIA GPU (vendor 0x10de, display class 0x03xxxx) on this node; nothing to install",
+        );
+    }
+    if let Err(e) = check_os(catalog, os) {
+        return Outcome::from_error(&e);
+    }
+    let archs: Vec<String> = st
+        .gpus
+        .iter()
+        .map(|g| {
+            g.architecture
+                .clone()
+                .unwrap_or_else(|| format!("unknown {}", g.device_id))
+        })
+        .collect();
+    Outcome::new(
+        Reason::Detected,
+        format!(
+            "{} {} with kernel {} and {} NVIDIA GPU(s): {}",
+            os.id,
+            os.version.as_deref().unwrap_or("(no version)"),
+            st.kernel_release.as_deref().unwrap_or("?"),
+            st.gpus.len(),
+            archs.join(", ")
+        ),
+    )
+}
+
+/// `UnsupportedOs` with what is supported, or Ok.
+pub fn check_os(catalog: &Catalog, os: &OsInfo) -> Result<()> {
+    let Some(entry) = catalog.os(&os.id) else {
+        let ids: Vec<&str> = catalog.os.iter().map(|o| o.id.as_str()).collect();
+        return Err(Error::new(
+            Reason::UnsupportedOs,
+            format!(
+                "{} ({}) is detectable but not installable: the catalog supports {}",
+                os.pretty_name.as_deref().unwrap_or(&os.id),
+                os.id,
+                ids.join(", ")
+            ),
+        )
+        .with_hint(
+            "run on a Garden Linux or Debian node, or pass a --catalog that lists this OS",
+        ));
+    };
+    let version = os.version.as_deref().unwrap_or("");
+    if entry.release_for(version).is_none() {
+        let known: Vec<&str> = entry.releases.iter().map(|r| r.version.as_str()).collect();
+        return Err(Error::new(
+            Reason::UnsupportedOs,
+            format!(
+                "{} version {:?} is not in the catalog (known: {})",
+                entry.name,
+                version,
+                known.join(", ")
+            ),
+        )
+        .with_hint("upgrade the node, or pass a --catalog that lists this version"));
+    }
+    Ok(())
+}

@@ -1,0 +1,778 @@
+//! Everything read from the host goes through [`HostRoot`]: the installer may
+//! run on the node itself (`/`), in a pod with the host mounted at `/host`, or
+//! in a hostPID pod that reaches the host through `/proc/1/root`.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Component, Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::report::Reason;
+
+/// How the host root was chosen; recorded in every HostReport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum HostRootSource {
+    /// `--host-root` was given.
+    Flag,
+    /// `/host` holds an os-release (the host's `/` mounted into a pod).
+    HostMount,
+    /// We share the host's PID namespace but not its mounts: `/proc/1/root`.
+    Pid1Root,
+    /// We run on the host itself (or nsenter'ed into its mount namespace).
+    Root,
+}
+
+#[derive(Debug, Clone)]
+pub struct HostRoot {
+    path: PathBuf,
+    source: HostRootSource,
+}
+
+const OS_RELEASE_PATHS: [&str; 2] = ["etc/os-release", "usr/lib/os-release"];
+
+impl HostRoot {
+    pub fn new(path: impl Into<PathBuf>, source: HostRootSource) -> Self {
+        HostRoot {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// `/host` if it holds an os-release; else `/proc/1/root` when PID 1 is a
+    /// process of another mount namespace (hostPID pod) whose root we can
+    /// read; else `/`.
+    pub fn auto() -> Self {
+        Self::auto_from(Path::new("/host"), Path::new("/proc"))
+    }
+
+    pub fn auto_from(host_mount: &Path, proc: &Path) -> Self {
+        if has_os_release(host_mount) {
+            return HostRoot::new(host_mount, HostRootSource::HostMount);
+        }
+        let pid1_mnt = fs::read_link(proc.join("1/ns/mnt")).ok();
+        let self_mnt = fs::read_link(proc.join("self/ns/mnt")).ok();
+        let pid1_root = proc.join("1/root");
+        if pid1_is_foreign(pid1_mnt.as_deref(), self_mnt.as_deref()) && has_os_release(&pid1_root) {
+            return HostRoot::new(pid1_root, HostRootSource::Pid1Root);
+        }
+        HostRoot::new("/", HostRootSource::Root)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn source(&self) -> HostRootSource {
+        self.source
+    }
+
+    /// `<root>/<rel>`; `rel` is a host-absolute path such as `/etc/os-release`.
+    pub fn join(&self, rel: impl AsRef<Path>) -> PathBuf {
+        let rel = rel.as_ref();
+        self.path.join(rel.strip_prefix("/").unwrap_or(rel))
+    }
+
+    /// Kernel interfaces (`/proc`, `/sys`) describe the one running kernel, so
+    /// when the host root does not carry them at all (e.g. only `/etc` and
+    /// `/usr` are mounted) our own view is equally true. When the root does
+    /// have `/proc` or `/sys`, it alone is read, so that a host's answer is
+    /// never mixed with ours.
+    pub fn kernel_path(&self, rel: &str) -> PathBuf {
+        let rel = rel.trim_start_matches('/');
+        let top = rel.split('/').next().unwrap_or(rel);
+        if self.path.join(top).is_dir() {
+            self.path.join(rel)
+        } else {
+            Path::new("/").join(rel)
+        }
+    }
+
+    /// Resolves `rel` inside the root, following symlinks as the host would:
+    /// absolute link targets are taken relative to the root, and `..` never
+    /// climbs above it. Debian's `/lib/modules/<rel>/build` is such an
+    /// absolute link. Returns `None` if the path does not exist.
+    pub fn resolve(&self, rel: impl AsRef<Path>) -> Option<PathBuf> {
+        let mut pending: Vec<OsString> = components(rel.as_ref());
+        pending.reverse();
+        let mut resolved: Vec<OsString> = Vec::new();
+        let mut hops = 0;
+        while let Some(part) = pending.pop() {
+            if part == ".." {
+                resolved.pop();
+                continue;
+            }
+            let candidate = self
+                .path
+                .join(resolved.iter().collect::<PathBuf>())
+                .join(&part);
+            match fs::symlink_metadata(&candidate) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    hops += 1;
+                    if hops > 40 {
+                        return None; // ELOOP
+                    }
+                    let target = fs::read_link(&candidate).ok()?;
+                    if target.is_absolute() {
+                        resolved.clear();
+                    }
+                    for c in components(&target).into_iter().rev() {
+                        pending.push(c);
+                    }
+                }
+                Ok(_) => resolved.push(part),
+                Err(_) => return None,
+            }
+        }
+        Some(self.path.join(resolved.iter().collect::<PathBuf>()))
+    }
+}
+
+fn components(p: &Path) -> Vec<OsString> {
+    p.components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s.to_os_string()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+        .collect()
+}
+
+fn has_os_release(root: &Path) -> bool {
+    OS_RELEASE_PATHS.iter().any(|p| root.join(p).is_file())
+}
+
+/// PID 1 lives in another mount namespace than we do: either we run in a
+/// container with the host's PID namespace (hostPID), or PID 1 is another
+/// container's process. Unknown (unreadable links) counts as "no".
+pub fn pid1_is_foreign(pid1_mnt: Option<&Path>, self_mnt: Option<&Path>) -> bool {
+    matches!((pid1_mnt, self_mnt), (Some(a), Some(b)) if a != b)
+}
+
+/// Reads a file that may be absent: `Ok(None)` when it does not exist.
+pub fn read_optional(path: &Path) -> Result<Option<String>> {
+    match fs::read_to_string(path) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(Reason::HostReadFailed, "reading", path, e)),
+    }
+}
+
+// ---------------------------------------------------------------- os-release
+
+/// The parsed os-release of the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OsInfo {
+    /// `ID`, e.g. `gardenlinux`, `debian`, `ubuntu`.
+    pub id: String,
+    /// `ID_LIKE`, split on spaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub id_like: Vec<String>,
+    /// The version the catalog is keyed by: `GARDENLINUX_VERSION` on Garden
+    /// Linux (which has no `VERSION_ID`), else `VERSION_ID`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version_codename: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pretty_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant_id: Option<String>,
+    /// Where it was read, relative to the host root.
+    pub source: String,
+}
+
+/// Parses os-release(5): `KEY=value` lines, values optionally quoted with
+/// shell quoting rules; comments and blank lines ignored.
+pub fn parse_os_release(text: &str) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, raw)) = line.split_once('=') else {
+            continue;
+        };
+        let key = key.trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        map.insert(key.to_string(), unquote(raw.trim()));
+    }
+    map
+}
+
+fn unquote(raw: &str) -> String {
+    let mut out = String::new();
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => match chars.peek() {
+                            Some('"' | '\\' | '$' | '`') => out.extend(chars.next()),
+                            _ => out.push('\\'),
+                        },
+                        c => out.push(c),
+                    }
+                }
+            }
+            '\'' => {
+                for c in chars.by_ref() {
+                    if c == '\'' {
+                        break;
+                    }
+                    out.push(c);
+                }
+            }
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+pub fn os_info_from(map: &BTreeMap<String, String>, source: &str) -> Result<OsInfo> {
+    let get = |k: &str| map.get(k).filter(|v| !v.is_empty()).cloned();
+    let id = get("ID").ok_or_else(|| {
+        Error::new(
+            Reason::HostReadFailed,
+            format!("{source} has no ID= line, so the OS cannot be identified"),
+        )
+    })?;
+    let version = if id == "gardenlinux" {
+        get("GARDENLINUX_VERSION").or_else(|| get("VERSION_ID"))
+    } else {
+        get("VERSION_ID")
+    };
+    Ok(OsInfo {
+        id,
+        id_like: get("ID_LIKE")
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default(),
+        version,
+        version_codename: get("VERSION_CODENAME"),
+        pretty_name: get("PRETTY_NAME"),
+        variant_id: get("VARIANT_ID"),
+        source: source.to_string(),
+    })
+}
+
+/// os-release from `/etc/os-release`, else `/usr/lib/os-release`.
+pub fn read_os(root: &HostRoot) -> Result<OsInfo> {
+    for rel in OS_RELEASE_PATHS {
+        // Distributions ship /etc/os-release as a link (relative or absolute)
+        // to /usr/lib/os-release: follow it inside the host root.
+        let Some(path) = root.resolve(rel) else {
+            continue;
+        };
+        if let Some(text) = read_optional(&path)? {
+            return os_info_from(&parse_os_release(&text), &format!("/{rel}"));
+        }
+    }
+    Err(Error::new(
+        Reason::HostReadFailed,
+        format!(
+            "no os-release under {} (looked for /etc/os-release and /usr/lib/os-release)",
+            root.path().display()
+        ),
+    )
+    .with_hint("pass --host-root pointing at the host's root filesystem"))
+}
+
+/// A Garden Linux version: `1592.4` (two parts) or `2150.0.0` (three parts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GardenLinuxVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: Option<u32>,
+}
+
+impl GardenLinuxVersion {
+    pub fn parse(s: &str) -> Option<Self> {
+        let parts: Vec<u32> = s
+            .split('.')
+            .map(|p| p.parse().ok())
+            .collect::<Option<_>>()?;
+        match parts[..] {
+            [major, minor] => Some(Self {
+                major,
+                minor,
+                patch: None,
+            }),
+            [major, minor, patch] => Some(Self {
+                major,
+                minor,
+                patch: Some(patch),
+            }),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- kernel
+
+/// The running kernel's release: `<root>/proc/sys/kernel/osrelease`, else
+/// uname(2).
+pub fn read_kernel_release(root: &HostRoot) -> Result<String> {
+    let path = root.kernel_path("/proc/sys/kernel/osrelease");
+    if let Some(s) = read_optional(&path)? {
+        let s = s.trim();
+        if !s.is_empty() {
+            return Ok(s.to_string());
+        }
+    }
+    let uts = nix::sys::utsname::uname().map_err(|e| {
+        Error::new(
+            Reason::HostReadFailed,
+            format!("uname(2) failed and {} is absent: {e}", path.display()),
+        )
+    })?;
+    Ok(uts.release().to_string_lossy().into_owned())
+}
+
+pub fn read_boot_id(root: &HostRoot) -> Result<Option<String>> {
+    let path = root.kernel_path("/proc/sys/kernel/random/boot_id");
+    Ok(read_optional(&path)?.map(|s| s.trim().to_string()))
+}
+
+/// The numeric part of a kernel release: `6.12.57+deb13-cloud-amd64` →
+/// (6, 12, 57).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct KernelVersion(pub u32, pub u32, pub u32);
+
+impl KernelVersion {
+    pub fn parse(release: &str) -> Option<Self> {
+        let end = release
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(release.len());
+        let mut it = release[..end].split('.').filter(|s| !s.is_empty());
+        let major = it.next()?.parse().ok()?;
+        let minor = it.next()?.parse().ok()?;
+        let patch = it.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        Some(KernelVersion(major, minor, patch))
+    }
+
+    /// `6.12`
+    pub fn series(&self) -> String {
+        format!("{}.{}", self.0, self.1)
+    }
+}
+
+impl std::fmt::Display for KernelVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+// ---------------------------------------------------------------- PCI
+
+/// One PCI function as sysfs describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciDevice {
+    pub address: String,
+    pub vendor: u16,
+    pub device: u16,
+    pub class: u32,
+    pub subsystem_vendor: Option<u16>,
+    pub subsystem_device: Option<u16>,
+}
+
+pub const NVIDIA_VENDOR: u16 = 0x10de;
+
+/// What an NVIDIA PCI function is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PciRole {
+    /// Display controller (class 0x03xxxx): VGA or 3D controller.
+    Gpu,
+    /// NVSwitch fabric bridge (class 0x0680xx).
+    NvSwitch,
+    /// Anything else of NVIDIA's (HDMI audio, USB-C controller, …).
+    OtherNvidia,
+    NotNvidia,
+}
+
+impl PciDevice {
+    pub fn role(&self) -> PciRole {
+        if self.vendor != NVIDIA_VENDOR {
+            return PciRole::NotNvidia;
+        }
+        match self.class >> 16 {
+            0x03 => PciRole::Gpu,
+            0x06 if (self.class >> 8) & 0xff == 0x80 => PciRole::NvSwitch,
+            _ => PciRole::OtherNvidia,
+        }
+    }
+}
+
+fn parse_hex<T: TryFrom<u64>>(s: &str) -> Option<T> {
+    let s = s.trim();
+    let s = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u64::from_str_radix(s, 16)
+        .ok()
+        .and_then(|v| T::try_from(v).ok())
+}
+
+/// The PCI device directory: `<root>/sys/bus/pci/devices` if the root has a
+/// `/sys`, else our own `/sys/bus/pci/devices`.
+pub fn pci_devices_dir(root: &HostRoot) -> PathBuf {
+    root.kernel_path("/sys/bus/pci/devices")
+}
+
+/// Reads every function under a sysfs `devices` directory. Entries are
+/// symlinks into `/sys/devices/...`; reading through them follows them.
+pub fn read_pci_devices(dir: &Path) -> Result<Vec<PciDevice>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(Reason::HostReadFailed, "listing", dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(Reason::HostReadFailed, "listing", dir, e))?;
+        let address = entry.file_name().to_string_lossy().into_owned();
+        let dev = entry.path();
+        let read = |name: &str| -> Result<Option<String>> { read_optional(&dev.join(name)) };
+        let bad = |name: &str| {
+            Error::new(
+                Reason::HostReadFailed,
+                format!(
+                    "{} is missing or not a hex number",
+                    dev.join(name).display()
+                ),
+            )
+        };
+        let vendor = read("vendor")?
+            .and_then(|s| parse_hex(&s))
+            .ok_or_else(|| bad("vendor"))?;
+        let device = read("device")?
+            .and_then(|s| parse_hex(&s))
+            .ok_or_else(|| bad("device"))?;
+        let class = read("class")?
+            .and_then(|s| parse_hex(&s))
+            .ok_or_else(|| bad("class"))?;
+        out.push(PciDevice {
+            address,
+            vendor,
+            device,
+            class,
+            subsystem_vendor: read("subsystem_vendor")?.and_then(|s| parse_hex(&s)),
+            subsystem_device: read("subsystem_device")?.and_then(|s| parse_hex(&s)),
+        });
+    }
+    out.sort_by(|a, b| a.address.cmp(&b.address));
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- modules
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadedModule {
+    pub name: String,
+    pub refcount: i32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub used_by: Vec<String>,
+}
+
+/// Modules that matter to us from `/proc/modules`: NVIDIA's and nouveau,
+/// which must not be loaded alongside NVIDIA's driver.
+pub fn parse_proc_modules(text: &str) -> Result<Vec<LoadedModule>> {
+    use procfs::FromBufRead;
+    let mods = procfs::KernelModules::from_buf_read(text.as_bytes()).map_err(|e| {
+        Error::new(
+            Reason::HostReadFailed,
+            format!("parsing /proc/modules: {e}"),
+        )
+    })?;
+    let mut out: Vec<LoadedModule> = mods
+        .0
+        .into_values()
+        .filter(|m| m.name.starts_with("nvidia") || m.name == "nouveau")
+        .map(|m| {
+            let mut used_by = m.used_by;
+            used_by.sort();
+            LoadedModule {
+                name: m.name,
+                refcount: m.refcount,
+                used_by,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModuleFlavor {
+    Open,
+    Proprietary,
+}
+
+impl std::fmt::Display for ModuleFlavor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ModuleFlavor::Open => "open",
+            ModuleFlavor::Proprietary => "proprietary",
+        })
+    }
+}
+
+/// The driver the loaded `nvidia` module reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadedDriver {
+    pub version: String,
+    pub flavor: ModuleFlavor,
+}
+
+/// Parses `/proc/driver/nvidia/version`:
+/// `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.195.03  Release Build …`
+/// or `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Wed Jul …`.
+pub fn parse_nvidia_version(text: &str) -> Option<LoadedDriver> {
+    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
+    let after = &line[line.find("Kernel Module")? + "Kernel Module".len()..];
+    let version = after.split_whitespace().find(|w| is_driver_version(w))?;
+    let flavor = if line.contains("Open Kernel Module") {
+        ModuleFlavor::Open
+    } else {
+        ModuleFlavor::Proprietary
+    };
+    Some(LoadedDriver {
+        version: version.to_string(),
+        flavor,
+    })
+}
+
+/// `535.261.03`, `580.95.05`, `550.54` — digits separated by dots, 2–3 parts.
+pub fn is_driver_version(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('.').collect();
+    (2..=3).contains(&parts.len())
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+// ---------------------------------------------------------------- secure boot
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SecureBoot {
+    Enabled,
+    Disabled,
+    /// EFI, but the SecureBoot variable is not visible (efivarfs not mounted).
+    Unknown,
+    /// Booted without EFI: Secure Boot does not apply.
+    NotEfi,
+}
+
+const SECURE_BOOT_VAR: &str = "SecureBoot-8be4df61-93ca-11d2-aa0d-e0bf0cfe7d8c";
+
+/// efivarfs files hold 4 bytes of attributes, then the value.
+pub fn parse_secure_boot_var(bytes: &[u8]) -> SecureBoot {
+    match bytes.get(4) {
+        Some(1) => SecureBoot::Enabled,
+        Some(0) => SecureBoot::Disabled,
+        _ => SecureBoot::Unknown,
+    }
+}
+
+pub fn read_secure_boot(root: &HostRoot) -> Result<SecureBoot> {
+    let efi = root.kernel_path("/sys/firmware/efi");
+    if !efi.is_dir() {
+        return Ok(SecureBoot::NotEfi);
+    }
+    let var = efi.join("efivars").join(SECURE_BOOT_VAR);
+    match fs::read(&var) {
+        Ok(bytes) => Ok(parse_secure_boot_var(&bytes)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(SecureBoot::Unknown),
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => Ok(SecureBoot::Unknown),
+        Err(e) => Err(Error::io(Reason::HostReadFailed, "reading", &var, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_release_quoting() {
+        let m = parse_os_release(
+            "# comment\nNAME=\"Garden Linux\"\nID=gardenlinux\nX='single $x'\nY=\"a \\\"q\\\" \\$b\"\nbad line\n\nZ=\n",
+        );
+        assert_eq!(m["NAME"], "Garden Linux");
+        assert_eq!(m["ID"], "gardenlinux");
+        assert_eq!(m["X"], "single $x");
+        assert_eq!(m["Y"], "a \"q\" $b");
+        assert_eq!(m["Z"], "");
+        assert!(!m.contains_key("bad line"));
+    }
+
+    #[test]
+    fn gardenlinux_version_comes_from_gardenlinux_version() {
+        let m = parse_os_release("ID=gardenlinux\nGARDENLINUX_VERSION=1592.4\n");
+        let os = os_info_from(&m, "/etc/os-release").unwrap();
+        assert_eq!(os.version.as_deref(), Some("1592.4"));
+        let m = parse_os_release("ID=debian\nVERSION_ID=\"12\"\nVERSION_CODENAME=bookworm\n");
+        let os = os_info_from(&m, "/etc/os-release").unwrap();
+        assert_eq!(os.version.as_deref(), Some("12"));
+        assert_eq!(os.version_codename.as_deref(), Some("bookworm"));
+        assert!(os_info_from(&parse_os_release("NAME=x\n"), "/etc/os-release").is_err());
+    }
+
+    #[test]
+    fn gardenlinux_version_forms() {
+        let two = GardenLinuxVersion::parse("1592.4").unwrap();
+        assert_eq!((two.major, two.minor, two.patch), (1592, 4, None));
+        let three = GardenLinuxVersion::parse("2150.0.0").unwrap();
+        assert_eq!((three.major, three.minor, three.patch), (2150, 0, Some(0)));
+        assert!(GardenLinuxVersion::parse("1592").is_none());
+        assert!(GardenLinuxVersion::parse("1592.x").is_none());
+        assert!(GardenLinuxVersion::parse("1.2.3.4").is_none());
+    }
+
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(
+            KernelVersion::parse("6.12.57+deb13-cloud-amd64"),
+            Some(KernelVersion(6, 12, 57))
+        );
+        assert_eq!(
+            KernelVersion::parse("6.1.0-50-cloud-amd64"),
+            Some(KernelVersion(6, 1, 0))
+        );
+        assert_eq!(
+            KernelVersion::parse("6.18-rc1"),
+            Some(KernelVersion(6, 18, 0))
+        );
+        assert_eq!(KernelVersion::parse("garbage"), None);
+        assert_eq!(KernelVersion(6, 6, 63).series(), "6.6");
+    }
+
+    #[test]
+    fn pci_roles() {
+        let dev = |vendor, class| PciDevice {
+            address: "0000:00:04.0".into(),
+            vendor,
+            device: 0x1eb8,
+            class,
+            subsystem_vendor: None,
+            subsystem_device: None,
+        };
+        assert_eq!(dev(0x10de, 0x030200).role(), PciRole::Gpu);
+        assert_eq!(dev(0x10de, 0x030000).role(), PciRole::Gpu);
+        assert_eq!(dev(0x10de, 0x068000).role(), PciRole::NvSwitch);
+        assert_eq!(dev(0x10de, 0x040300).role(), PciRole::OtherNvidia);
+        assert_eq!(dev(0x1af4, 0x030000).role(), PciRole::NotNvidia);
+        assert_eq!(parse_hex::<u16>("0x10de\n"), Some(0x10de));
+        assert_eq!(parse_hex::<u16>("0x10000"), None);
+    }
+
+    #[test]
+    fn nvidia_version_file() {
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.195.03  Release Build  (dvs-builder@U22-I3-AF03-09-1)  Fri Sep 12 19:31:12 UTC 2025\nGCC version:  gcc version 14.2.0 (Debian 14.2.0-19) \n";
+        assert_eq!(
+            parse_nvidia_version(open),
+            Some(LoadedDriver {
+                version: "570.195.03".into(),
+                flavor: ModuleFlavor::Open
+            })
+        );
+        let prop = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Wed Jul 16 19:26:45 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n";
+        assert_eq!(
+            parse_nvidia_version(prop),
+            Some(LoadedDriver {
+                version: "535.261.03".into(),
+                flavor: ModuleFlavor::Proprietary
+            })
+        );
+        assert_eq!(parse_nvidia_version("garbage"), None);
+    }
+
+    #[test]
+    fn proc_modules() {
+        let text = "nvidia_uvm 1794048 0 - Live 0x0000000000000000\nnvidia 60743680 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000\next4 1060864 1 - Live 0x0000000000000000\n";
+        let mods = parse_proc_modules(text).unwrap();
+        assert_eq!(mods.len(), 2);
+        assert_eq!(mods[0].name, "nvidia");
+        assert_eq!(mods[0].used_by, vec!["nvidia_modeset", "nvidia_uvm"]);
+        assert!(parse_proc_modules("nvidia notanumber").is_err());
+    }
+
+    #[test]
+    fn secure_boot_var() {
+        assert_eq!(parse_secure_boot_var(&[6, 0, 0, 0, 1]), SecureBoot::Enabled);
+        assert_eq!(
+            parse_secure_boot_var(&[6, 0, 0, 0, 0]),
+            SecureBoot::Disabled
+        );
+        assert_eq!(parse_secure_boot_var(&[6, 0]), SecureBoot::Unknown);
+    }
+
+    #[test]
+    fn resolve_follows_absolute_links_inside_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = HostRoot::new(dir.path(), HostRootSource::Flag);
+        fs::create_dir_all(dir.path().join("usr/src/linux-headers-6.1.0")).unwrap();
+        fs::create_dir_all(dir.path().join("lib/modules/6.1.0")).unwrap();
+        std::os::unix::fs::symlink(
+            "/usr/src/linux-headers-6.1.0",
+            dir.path().join("lib/modules/6.1.0/build"),
+        )
+        .unwrap();
+        // A link that tries to climb out of the root stays inside it.
+        std::os::unix::fs::symlink("../../../../../../etc", dir.path().join("lib/escape")).unwrap();
+        assert_eq!(
+            root.resolve("/lib/modules/6.1.0/build"),
+            Some(dir.path().join("usr/src/linux-headers-6.1.0"))
+        );
+        assert_eq!(root.resolve("/lib/escape"), None);
+        assert_eq!(root.resolve("/lib/modules/6.1.0/missing"), None);
+        std::os::unix::fs::symlink("loop", dir.path().join("loop")).unwrap();
+        assert_eq!(root.resolve("/loop"), None);
+    }
+
+    #[test]
+    fn auto_host_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("host");
+        let proc = dir.path().join("proc");
+        fs::create_dir_all(proc.join("1/root/etc")).unwrap();
+        fs::create_dir_all(proc.join("1/ns")).unwrap();
+        fs::create_dir_all(proc.join("self/ns")).unwrap();
+        // Nothing readable: fall back to "/".
+        assert_eq!(
+            HostRoot::auto_from(&host, &proc).source(),
+            HostRootSource::Root
+        );
+        // PID 1 in another mount namespace with an os-release: hostPID pod.
+        fs::write(proc.join("1/root/etc/os-release"), "ID=debian\n").unwrap();
+        std::os::unix::fs::symlink("mnt:[1]", proc.join("1/ns/mnt")).unwrap();
+        std::os::unix::fs::symlink("mnt:[2]", proc.join("self/ns/mnt")).unwrap();
+        let r = HostRoot::auto_from(&host, &proc);
+        assert_eq!(r.source(), HostRootSource::Pid1Root);
+        assert_eq!(r.path(), proc.join("1/root"));
+        // A mounted /host wins.
+        fs::create_dir_all(host.join("usr/lib")).unwrap();
+        fs::write(host.join("usr/lib/os-release"), "ID=gardenlinux\n").unwrap();
+        assert_eq!(
+            HostRoot::auto_from(&host, &proc).source(),
+            HostRootSource::HostMount
+        );
+        assert!(!pid1_is_foreign(Some(Path::new("a")), Some(Path::new("a"))));
+        assert!(!pid1_is_foreign(None, Some(Path::new("a"))));
+    }
+}

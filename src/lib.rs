@@ -1,0 +1,15 @@
+//! gpu-driver: detect a node, resolve the NVIDIA driver it needs, and (in
+//! later steps) fetch, build, load and verify it. The binary
+//! `gpu-driver-installer` is a thin shell around [`cli::run`].
+
+pub mod catalog;
+pub mod cli;
+pub mod detect;
+pub mod error;
+pub mod host;
+pub mod report;
+pub mod resolve;
+pub mod schema;
+
+pub use error::{Error, Result};
+pub use report::Reason;

@@ -1,0 +1,487 @@
+//! `resolve`: what should be installed on this node — driver version,
+//! module flavor, kernel headers and the package to download.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{self, Architecture, Catalog, Channel};
+use crate::detect::{self, DetectOptions, Gpu, HostReport};
+use crate::error::{Error, Result};
+use crate::host::{self, HostRoot, KernelVersion, ModuleFlavor};
+use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
+
+/// `--flavor`
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum FlavorChoice {
+    #[default]
+    Auto,
+    Open,
+    Proprietary,
+}
+
+/// Auto picks the open modules from this branch on (NVIDIA's default since 560).
+pub const OPEN_DEFAULT_FROM_BRANCH: u32 = 560;
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolveSpec {
+    pub host_root: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    pub flavor: FlavorChoice,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_release_override: Option<String>,
+    /// `embedded` or the `--catalog` path.
+    pub catalog: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum VersionSource {
+    /// `--driver-version`
+    Flag,
+    /// A catalog policy for this OS version and kernel.
+    Policy,
+    /// The catalog's default branch.
+    Default,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum HeadersSource {
+    /// Already on the host.
+    Installed,
+    /// To be downloaded from an apt repository.
+    Package,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Headers {
+    pub source: HeadersSource,
+    pub kernel_release: String,
+    /// Host path of the headers directory (source = installed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// `linux-headers-<release>` (source = package).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub package: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suite: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Package {
+    pub url: String,
+    pub file_name: String,
+    /// Expected sha256 of the file, when the catalog knows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// False when no checksum is known: the fetch step then needs one from a
+    /// trusted companion file (`<url>.sha256sum`, NVIDIA's redistrib
+    /// manifest) or an explicit insecure opt-in.
+    pub checksum_known: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mirrors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStatus {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub os: Option<host::OsInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_release: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<Gpu>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_branch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version_source: Option<VersionSource>,
+    /// The catalog policy that chose the version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_flavor: Option<ModuleFlavor>,
+    /// Why this flavor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flavor_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Headers>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub package: Option<Package>,
+}
+
+impl PlanStatus {
+    fn new(outcome: Outcome) -> Self {
+        PlanStatus {
+            outcome,
+            os: None,
+            kernel_release: None,
+            gpus: Vec::new(),
+            driver_version: None,
+            driver_branch: None,
+            driver_version_source: None,
+            policy: None,
+            module_flavor: None,
+            flavor_reason: None,
+            headers: None,
+            package: None,
+        }
+    }
+}
+
+/// A plan that ended before resolution could start (e.g. a bad catalog).
+pub fn plan_failed(spec: ResolveSpec, outcome: Outcome) -> InstallPlan {
+    Document::new(Kind::InstallPlan, spec, PlanStatus::new(outcome))
+}
+
+pub type InstallPlan = Document<ResolveSpec, PlanStatus>;
+
+impl ResultDocument for InstallPlan {
+    fn outcome(&self) -> &Outcome {
+        &self.status.outcome
+    }
+}
+
+pub struct ResolveOptions<'a> {
+    pub root: &'a HostRoot,
+    pub catalog: &'a Catalog,
+    pub catalog_label: String,
+    pub kernel_release: Option<String>,
+    pub driver_version: Option<String>,
+    pub flavor: FlavorChoice,
+}
+
+pub fn resolve(opts: &ResolveOptions) -> InstallPlan {
+    let spec = ResolveSpec {
+        host_root: opts.root.path().display().to_string(),
+        driver_version: opts.driver_version.clone(),
+        flavor: opts.flavor,
+        kernel_release_override: opts.kernel_release.clone(),
+        catalog: opts.catalog_label.clone(),
+    };
+    let report = detect::detect(&DetectOptions {
+        root: opts.root,
+        catalog: opts.catalog,
+        kernel_release: opts.kernel_release.clone(),
+    });
+    let mut st = PlanStatus::new(report.status.outcome.clone());
+    st.os = report.status.os.clone();
+    st.kernel_release = report.status.kernel_release.clone();
+    st.gpus = report.status.gpus.clone();
+    // Detection already decided NoGpu / UnsupportedOs / read errors.
+    if report.status.outcome.phase == Phase::Succeeded {
+        st.outcome = match plan(&mut st, &report, opts) {
+            Ok(msg) => Outcome::new(Reason::Resolved, msg),
+            Err(e) => Outcome::from_error(&e),
+        };
+    }
+    Document::new(Kind::InstallPlan, spec, st)
+}
+
+fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Result<String> {
+    let cat = opts.catalog;
+    let os = report
+        .status
+        .os
+        .as_ref()
+        .ok_or_else(|| Error::new(Reason::Internal, "detected without os"))?;
+    let release = report
+        .status
+        .kernel_release
+        .clone()
+        .ok_or_else(|| Error::new(Reason::Internal, "detected without kernel release"))?;
+    let kernel = KernelVersion::parse(&release).ok_or_else(|| {
+        Error::new(
+            Reason::InvalidArgument,
+            format!("kernel release {release:?} does not start with a version like 6.12.0"),
+        )
+        .with_hint("check --kernel-release or the host's /proc/sys/kernel/osrelease")
+    })?;
+
+    // 1. Driver version.
+    let (version, source) = match &opts.driver_version {
+        Some(v) => {
+            if !host::is_driver_version(v) {
+                return Err(Error::new(
+                    Reason::InvalidArgument,
+                    format!("--driver-version {v:?} is not a driver version like 580.95.05"),
+                ));
+            }
+            (v.clone(), VersionSource::Flag)
+        }
+        None => match cat.policy_for(&os.id, os.version.as_deref(), Some(kernel)) {
+            Some(p) => {
+                st.policy = Some(p.name.clone());
+                (branch_version(cat, &p.branch)?, VersionSource::Policy)
+            }
+            None => (
+                branch_version(cat, &cat.default_branch)?,
+                VersionSource::Default,
+            ),
+        },
+    };
+    let branch = catalog::branch_of(&version)
+        .ok_or_else(|| Error::new(Reason::Internal, format!("no branch in {version}")))?;
+    st.driver_version = Some(version.clone());
+    st.driver_branch = Some(branch.to_string());
+    st.driver_version_source = Some(source);
+
+    // 2. Every GPU must be driven by this branch.
+    let archs: Vec<(&Gpu, Option<&Architecture>)> = report
+        .status
+        .gpus
+        .iter()
+        .map(|g| {
+            let arch = g
+                .architecture
+                .as_deref()
+                .and_then(|name| cat.architectures.iter().find(|a| a.name == name));
+            (g, arch)
+        })
+        .collect();
+    for (gpu, arch) in &archs {
+        if let Some(a) = arch {
+            if !a.supports_branch(branch) {
+                return Err(Error::new(
+                    Reason::GpuNotSupported,
+                    format!(
+                        "GPU {} ({} {}) is not supported by driver branch {branch}{}",
+                        gpu.pci_address,
+                        a.name,
+                        gpu.device_id,
+                        branch_bounds(a)
+                    ),
+                )
+                .with_hint("pick a supported version with --driver-version"));
+            }
+        }
+    }
+
+    // 3. Module flavor.
+    let (flavor, why) = choose_flavor(opts.flavor, branch, &archs)?;
+    st.module_flavor = Some(flavor);
+    st.flavor_reason = Some(why);
+
+    // 4. Known-broken pairs.
+    if let Some(x) = cat.exclusion_for(&version, kernel, Some(flavor)) {
+        return Err(Error::new(
+            Reason::IncompatibleKernel,
+            format!(
+                "driver {version} ({flavor}) is known not to work with kernel {release}: {}",
+                x.reason
+            ),
+        )
+        .with_hint("choose another --driver-version or kernel"));
+    }
+
+    // 5. Headers.
+    let headers = find_headers(opts.root, cat, os, &release, kernel)?;
+    st.headers = Some(headers.clone());
+
+    // 6. Package.
+    let entry = cat.driver_for_version(&version);
+    let url = entry
+        .and_then(|d| d.url.clone())
+        .unwrap_or_else(|| cat.url_for(&version, entry.map_or(Channel::Datacenter, |d| d.channel)));
+    let sha256 = entry.and_then(|d| d.sha256.clone());
+    let file_name = url.rsplit('/').next().unwrap_or(&url).to_string();
+    st.package = Some(Package {
+        url,
+        file_name,
+        checksum_known: sha256.is_some(),
+        sha256,
+        mirrors: cat.mirrors.clone(),
+    });
+
+    let headers_text = match headers.source {
+        HeadersSource::Installed => {
+            format!("installed headers {}", headers.path.unwrap_or_default())
+        }
+        HeadersSource::Package => format!(
+            "package {} from {} {}",
+            headers.package.unwrap_or_default(),
+            headers.repository.unwrap_or_default(),
+            headers.suite.unwrap_or_default()
+        ),
+    };
+    let checksum_note = if st.package.as_ref().is_some_and(|p| p.checksum_known) {
+        ""
+    } else {
+        "; no checksum known for the package: fetching needs one from a trusted companion file or an explicit opt-in"
+    };
+    Ok(format!(
+        "driver {version} ({flavor} modules, version from {}) for kernel {release} with {headers_text}{checksum_note}",
+        match source {
+            VersionSource::Flag => "--driver-version".to_string(),
+            VersionSource::Policy => format!("policy {}", st.policy.as_deref().unwrap_or("?")),
+            VersionSource::Default => format!("default branch {}", cat.default_branch),
+        }
+    ))
+}
+
+fn branch_version(cat: &Catalog, branch: &str) -> Result<String> {
+    cat.driver_for_branch(branch)
+        .map(|d| d.version.clone())
+        .ok_or_else(|| {
+            Error::new(
+                Reason::CatalogInvalid,
+                format!("catalog {} has no driver for branch {branch}", cat.origin),
+            )
+        })
+}
+
+fn branch_bounds(a: &Architecture) -> String {
+    match (&a.min_branch, &a.max_branch) {
+        (Some(lo), Some(hi)) => format!(" ({} needs {lo}–{hi})", a.name),
+        (Some(lo), None) => format!(" ({} needs {lo} or newer)", a.name),
+        (None, Some(hi)) => format!(" ({} is supported up to {hi})", a.name),
+        (None, None) => String::new(),
+    }
+}
+
+/// Open for Turing and newer with drivers from 560 on, proprietary otherwise;
+/// open is refused for GPUs that cannot use it (Volta and older), and
+/// proprietary for GPUs only the open modules drive (Blackwell).
+pub fn choose_flavor(
+    choice: FlavorChoice,
+    branch: u32,
+    archs: &[(&Gpu, Option<&Architecture>)],
+) -> Result<(ModuleFlavor, String)> {
+    let not_open: Vec<String> = archs
+        .iter()
+        .filter(|(_, a)| !a.is_some_and(|a| a.open_modules))
+        .map(|(g, a)| describe(g, *a))
+        .collect();
+    let open_only: Vec<String> = archs
+        .iter()
+        .filter(|(_, a)| a.is_some_and(|a| a.open_only))
+        .map(|(g, a)| describe(g, *a))
+        .collect();
+    let refuse = |msg: String| Err(Error::new(Reason::FlavorNotSupported, msg));
+    if !open_only.is_empty() && !not_open.is_empty() {
+        return refuse(format!(
+            "no module flavor drives every GPU: {} need the open modules, {} cannot use them",
+            open_only.join(", "),
+            not_open.join(", ")
+        ));
+    }
+    match choice {
+        FlavorChoice::Open if !not_open.is_empty() => refuse(format!(
+            "the open kernel modules cannot drive {} (they need Turing or newer)",
+            not_open.join(", ")
+        ))
+        .map_err(|e: Error| e.with_hint("use --flavor proprietary or auto")),
+        FlavorChoice::Proprietary if !open_only.is_empty() => refuse(format!(
+            "the proprietary kernel modules cannot drive {}",
+            open_only.join(", ")
+        ))
+        .map_err(|e: Error| e.with_hint("use --flavor open or auto")),
+        FlavorChoice::Open => Ok((ModuleFlavor::Open, "requested with --flavor open".into())),
+        FlavorChoice::Proprietary => Ok((
+            ModuleFlavor::Proprietary,
+            "requested with --flavor proprietary".into(),
+        )),
+        FlavorChoice::Auto if !open_only.is_empty() => Ok((
+            ModuleFlavor::Open,
+            format!("{} only work with the open modules", open_only.join(", ")),
+        )),
+        FlavorChoice::Auto if !not_open.is_empty() => Ok((
+            ModuleFlavor::Proprietary,
+            format!("{} cannot use the open modules", not_open.join(", ")),
+        )),
+        FlavorChoice::Auto if branch >= OPEN_DEFAULT_FROM_BRANCH => Ok((
+            ModuleFlavor::Open,
+            format!(
+                "all GPUs are Turing or newer and branch {branch} defaults to open (>= {OPEN_DEFAULT_FROM_BRANCH})"
+            ),
+        )),
+        FlavorChoice::Auto => Ok((
+            ModuleFlavor::Proprietary,
+            format!("branch {branch} predates open-by-default ({OPEN_DEFAULT_FROM_BRANCH})"),
+        )),
+    }
+}
+
+fn describe(g: &Gpu, a: Option<&Architecture>) -> String {
+    format!(
+        "{} ({} {})",
+        g.pci_address,
+        a.map_or("unknown architecture", |a| a.name.as_str()),
+        g.device_id
+    )
+}
+
+/// Headers already on the host first, then the OS's apt repository.
+pub fn find_headers(
+    root: &HostRoot,
+    cat: &Catalog,
+    os: &host::OsInfo,
+    release: &str,
+    kernel: KernelVersion,
+) -> Result<Headers> {
+    for candidate in [
+        format!("/usr/src/linux-headers-{release}"),
+        format!("/lib/modules/{release}/build"),
+    ] {
+        if let Some(found) = root.resolve(&candidate) {
+            if found.join("Makefile").is_file() {
+                let host_path = found
+                    .strip_prefix(root.path())
+                    .map(|p| format!("/{}", p.display()))
+                    .unwrap_or_else(|_| found.display().to_string());
+                return Ok(Headers {
+                    source: HeadersSource::Installed,
+                    kernel_release: release.to_string(),
+                    path: Some(host_path),
+                    package: None,
+                    repository: None,
+                    suite: None,
+                });
+            }
+        }
+    }
+    let entry = cat.os(&os.id).ok_or_else(|| {
+        Error::new(
+            Reason::UnsupportedOs,
+            format!("no catalog entry for {}", os.id),
+        )
+    })?;
+    let version = os.version.as_deref().unwrap_or("");
+    let rel = entry.release_for(version).ok_or_else(|| {
+        Error::new(
+            Reason::UnsupportedOs,
+            format!("{} {version} is not in the catalog", entry.name),
+        )
+    })?;
+    if !rel.kernel_series.is_empty() && !rel.kernel_series.contains(&kernel.series()) {
+        tracing::warn!(
+            "kernel {release} is not of a series the catalog expects for {} {version} ({})",
+            entry.name,
+            rel.kernel_series.join(", ")
+        );
+    }
+    let suite = match &rel.backports_suite {
+        Some(bpo) if release.contains("bpo") => bpo.clone(),
+        _ => rel.suite.replace("{version}", version),
+    };
+    Ok(Headers {
+        source: HeadersSource::Package,
+        kernel_release: release.to_string(),
+        path: None,
+        package: Some(format!("linux-headers-{release}")),
+        repository: Some(entry.headers_repository.clone()),
+        suite: Some(suite),
+    })
+}

@@ -1,0 +1,36 @@
+//! The JSON Schema of every result document, generated from the Rust types.
+//! `schema/results.v1alpha1.json` is its committed copy; a test fails when
+//! the two drift (regenerate with `gpu-driver-installer schema`).
+
+use schemars::JsonSchema;
+
+use crate::detect::HostReport;
+use crate::error::{Error, Result};
+use crate::report::Reason;
+use crate::resolve::InstallPlan;
+
+/// Any result document; the `kind` field tells which.
+#[allow(dead_code, clippy::large_enum_variant)] // only its schema is used
+#[derive(JsonSchema)]
+#[serde(untagged)]
+enum AnyResult {
+    HostReport(HostReport),
+    InstallPlan(InstallPlan),
+}
+
+pub const COMMITTED_PATH: &str = "schema/results.v1alpha1.json";
+
+pub fn results_schema_json() -> Result<String> {
+    let mut schema = schemars::schema_for!(AnyResult);
+    schema.insert(
+        "title".into(),
+        serde_json::Value::String(format!(
+            "gpu-driver result ({})",
+            crate::report::API_VERSION
+        )),
+    );
+    let mut s = serde_json::to_string_pretty(&schema)
+        .map_err(|e| Error::new(Reason::Internal, format!("serializing schema: {e}")))?;
+    s.push('\n');
+    Ok(s)
+}

@@ -1,0 +1,602 @@
+//! Runs the built `gpu-driver-installer` against fixture host roots and
+//! checks documents, reasons and exit codes.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"));
+    // Never touch a real /dev/termination-log from tests.
+    c.args(["--termination-log", "/nonexistent/termination-log"]);
+    c.env_remove("RUST_LOG");
+    c
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hosts")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    fixtures().join(name)
+}
+
+struct Run {
+    code: i32,
+    doc: Value,
+    stderr: String,
+}
+
+fn run(args: &[&str]) -> Run {
+    let out: Output = bin().args(args).output().expect("run binary");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let doc = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{stdout}"));
+    Run {
+        code: out.status.code().unwrap(),
+        doc,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn run_on(fixture_name: &str, args: &[&str]) -> Run {
+    let root = fixture(fixture_name);
+    let mut all = vec!["--host-root", root.to_str().unwrap()];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
+fn exit_code_for(phase: &str, reason: &str) -> i32 {
+    match (phase, reason) {
+        ("Succeeded", _) => 0,
+        ("Skipped", _) => 3,
+        (_, "InvalidArgument" | "CatalogInvalid") => 4,
+        (_, "UnsupportedOs" | "HostReadFailed") => 10,
+        (_, "FlavorNotSupported" | "GpuNotSupported" | "IncompatibleKernel") => 11,
+        _ => 1,
+    }
+}
+
+fn all_fixtures() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(fixtures()).unwrap() {
+        let path = entry.unwrap().path();
+        let expected = path.join("expected.json");
+        if expected.is_file() {
+            let v = serde_json::from_str(&fs::read_to_string(expected).unwrap()).unwrap();
+            out.push((path.file_name().unwrap().to_string_lossy().into_owned(), v));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(out.len() >= 12, "fixtures missing: {}", out.len());
+    out
+}
+
+#[test]
+fn detect_matches_every_fixture() {
+    for (name, want) in all_fixtures() {
+        let r = run_on(&name, &["detect"]);
+        let d = &r.doc;
+        let s = &d["status"];
+        assert_eq!(
+            d["apiVersion"], "gpu-driver.gardenlinux.io/v1alpha1",
+            "{name}"
+        );
+        assert_eq!(d["kind"], "HostReport", "{name}");
+        assert_eq!(d["spec"]["hostRootSource"], "flag", "{name}");
+        assert_eq!(s["phase"], want["detectPhase"], "{name}: {s}");
+        assert_eq!(s["reason"], want["detectReason"], "{name}: {s}");
+        assert_eq!(
+            r.code,
+            exit_code_for(
+                want["detectPhase"].as_str().unwrap(),
+                want["detectReason"].as_str().unwrap()
+            ),
+            "{name}"
+        );
+        assert_eq!(s["os"]["id"], want["osId"], "{name}");
+        assert_eq!(s["os"]["version"], want["osVersion"], "{name}");
+        assert_eq!(s["kernelRelease"], want["kernelRelease"], "{name}");
+        assert!(
+            s["bootId"].as_str().is_some_and(|b| b.len() == 36),
+            "{name}"
+        );
+        assert_eq!(s["secureBoot"], want["secureBoot"], "{name}");
+        let loaded = s["loadedDriver"]["version"].clone();
+        assert_eq!(loaded, want["loadedDriverVersion"], "{name}");
+        let gpus: Vec<(Value, Value, Value)> = s["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                (
+                    g["pciAddress"].clone(),
+                    g["deviceId"].clone(),
+                    g["architecture"].clone(),
+                )
+            })
+            .collect();
+        let want_gpus: Vec<(Value, Value, Value)> = want["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                (
+                    g["pciAddress"].clone(),
+                    g["deviceId"].clone(),
+                    g["architecture"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(gpus, want_gpus, "{name}");
+    }
+}
+
+#[test]
+fn resolve_matches_every_fixture() {
+    for (name, want) in all_fixtures() {
+        let want = &want["resolve"];
+        let r = run_on(&name, &["resolve"]);
+        let s = &r.doc["status"];
+        assert_eq!(r.doc["kind"], "InstallPlan", "{name}");
+        assert_eq!(s["phase"], want["phase"], "{name}: {s}");
+        assert_eq!(s["reason"], want["reason"], "{name}: {s}");
+        assert_eq!(
+            r.code,
+            exit_code_for(
+                want["phase"].as_str().unwrap(),
+                want["reason"].as_str().unwrap()
+            ),
+            "{name}"
+        );
+        if want["phase"] != "Succeeded" {
+            continue;
+        }
+        assert_eq!(s["driverVersion"], want["driverVersion"], "{name}");
+        assert_eq!(s["moduleFlavor"], want["moduleFlavor"], "{name}");
+        for (k, v) in want["headers"].as_object().unwrap() {
+            assert_eq!(&s["headers"][k], v, "{name}: headers.{k}");
+        }
+        assert_eq!(s["headers"]["kernelRelease"], s["kernelRelease"], "{name}");
+        let version = s["driverVersion"].as_str().unwrap();
+        assert_eq!(
+            s["package"]["url"],
+            format!(
+                "https://us.download.nvidia.com/tesla/{version}/NVIDIA-Linux-x86_64-{version}.run"
+            ),
+            "{name}"
+        );
+        // The embedded catalog knows no .run checksums; the plan must say so.
+        assert_eq!(s["package"]["checksumKnown"], false, "{name}");
+        assert!(
+            s["message"].as_str().unwrap().contains("no checksum known"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn driver_version_flag_wins_and_is_validated() {
+    let r = run_on(
+        "gardenlinux-1592-t4",
+        &["resolve", "--driver-version", "590.48.01"],
+    );
+    let s = &r.doc["status"];
+    assert_eq!(r.code, 0);
+    assert_eq!(s["driverVersion"], "590.48.01");
+    assert_eq!(s["driverVersionSource"], "flag");
+    assert_eq!(s["moduleFlavor"], "open");
+    assert_eq!(
+        s["package"]["url"],
+        "https://us.download.nvidia.com/tesla/590.48.01/NVIDIA-Linux-x86_64-590.48.01.run"
+    );
+
+    let r = run_on(
+        "gardenlinux-1592-t4",
+        &["resolve", "--driver-version", "latest; rm -rf /"],
+    );
+    assert_eq!(r.code, 4);
+    assert_eq!(r.doc["status"]["reason"], "InvalidArgument");
+    assert!(
+        r.doc["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--driver-version")
+    );
+}
+
+#[test]
+fn default_branch_and_policy_are_reported() {
+    let r = run_on("gardenlinux-2150-h100", &["resolve"]);
+    assert_eq!(r.doc["status"]["driverVersionSource"], "default");
+    assert_eq!(r.doc["status"]["driverBranch"], "580");
+    let r = run_on("debian-12-v100", &["resolve"]);
+    assert_eq!(r.doc["status"]["driverVersionSource"], "policy");
+    assert_eq!(r.doc["status"]["policy"], "debian-bookworm-6.1");
+}
+
+#[test]
+fn open_modules_are_refused_for_pre_turing_gpus() {
+    for name in ["debian-12-v100", "debian-12-p100-mixed"] {
+        let r = run_on(name, &["resolve", "--flavor", "open"]);
+        let s = &r.doc["status"];
+        assert_eq!(r.code, 11, "{name}");
+        assert_eq!(s["phase"], "Failed");
+        assert_eq!(s["reason"], "FlavorNotSupported");
+        let msg = s["message"].as_str().unwrap();
+        assert!(msg.contains("Turing") && msg.contains("--flavor"), "{msg}");
+    }
+}
+
+#[test]
+fn auto_flavor_follows_branch_and_architecture() {
+    // Turing with a pre-560 branch: proprietary; with 580: open.
+    let r = run_on(
+        "gardenlinux-1592-t4",
+        &["resolve", "--driver-version", "550.163.01"],
+    );
+    assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
+    let r = run_on(
+        "gardenlinux-1592-t4",
+        &["resolve", "--driver-version", "580.95.05"],
+    );
+    assert_eq!(r.doc["status"]["moduleFlavor"], "open");
+    // Volta with 580: still proprietary.
+    let r = run_on(
+        "debian-12-v100",
+        &["resolve", "--driver-version", "580.95.05"],
+    );
+    assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
+    // An explicit proprietary choice on Turing is honoured.
+    let r = run_on(
+        "gardenlinux-1877-l4",
+        &["resolve", "--flavor", "proprietary"],
+    );
+    assert_eq!(r.code, 0);
+    assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
+}
+
+#[test]
+fn branches_that_dropped_a_gpu_are_refused() {
+    let r = run_on(
+        "debian-12-v100",
+        &["resolve", "--driver-version", "590.48.01"],
+    );
+    let s = &r.doc["status"];
+    assert_eq!(r.code, 11);
+    assert_eq!(s["reason"], "GpuNotSupported");
+    assert!(s["message"].as_str().unwrap().contains("volta"), "{s}");
+}
+
+/// Writes a minimal host root with the given NVIDIA device ids.
+fn synthetic_root(dir: &Path, devices: &[u16]) {
+    fs::create_dir_all(dir.join("etc")).unwrap();
+    fs::write(
+        dir.join("etc/os-release"),
+        "ID=gardenlinux\nGARDENLINUX_VERSION=1877.3\n",
+    )
+    .unwrap();
+    fs::create_dir_all(dir.join("proc/sys/kernel/random")).unwrap();
+    fs::write(
+        dir.join("proc/sys/kernel/osrelease"),
+        "6.12.44-cloud-amd64\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join("proc/sys/kernel/random/boot_id"),
+        "00000000-0000-4000-8000-000000000001\n",
+    )
+    .unwrap();
+    fs::write(dir.join("proc/modules"), "").unwrap();
+    fs::create_dir_all(dir.join("sys/bus/pci/devices")).unwrap();
+    for (i, id) in devices.iter().enumerate() {
+        let addr = format!("0000:00:{:02x}.0", i + 4);
+        let real = dir.join("sys/devices/pci0000:00").join(&addr);
+        fs::create_dir_all(&real).unwrap();
+        fs::write(real.join("vendor"), "0x10de\n").unwrap();
+        fs::write(real.join("device"), format!("0x{id:04x}\n")).unwrap();
+        fs::write(real.join("class"), "0x030200\n").unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../../devices/pci0000:00/{addr}"),
+            dir.join("sys/bus/pci/devices").join(&addr),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn blackwell_needs_open_modules() {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic_root(dir.path(), &[0x2901]);
+    let root = dir.path().to_str().unwrap();
+    let r = run(&[
+        "--host-root",
+        root,
+        "resolve",
+        "--driver-version",
+        "550.163.01",
+    ]);
+    assert_eq!(r.doc["status"]["reason"], "GpuNotSupported", "{}", r.doc);
+    let r = run(&["--host-root", root, "resolve", "--flavor", "proprietary"]);
+    assert_eq!(r.doc["status"]["reason"], "FlavorNotSupported");
+    let r = run(&["--host-root", root, "resolve"]);
+    assert_eq!(r.doc["status"]["moduleFlavor"], "open");
+
+    // Blackwell beside a Volta: no flavor drives both.
+    let dir = tempfile::tempdir().unwrap();
+    synthetic_root(dir.path(), &[0x2901, 0x1db4]);
+    let r = run(&["--host-root", dir.path().to_str().unwrap(), "resolve"]);
+    assert_eq!(r.doc["status"]["reason"], "FlavorNotSupported");
+    assert!(
+        r.doc["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no module flavor")
+    );
+}
+
+#[test]
+fn unknown_device_ids_are_reported_without_architecture() {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic_root(dir.path(), &[0x3f00]);
+    let root = dir.path().to_str().unwrap();
+    let r = run(&["--host-root", root, "detect"]);
+    let gpu = &r.doc["status"]["gpus"][0];
+    assert_eq!(gpu["deviceId"], "0x3f00");
+    assert!(gpu.get("architecture").is_none());
+    // Auto cannot prove open support, so it stays with proprietary.
+    let r = run(&["--host-root", root, "resolve"]);
+    assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
+    assert!(
+        r.doc["status"]["flavorReason"]
+            .as_str()
+            .unwrap()
+            .contains("unknown")
+    );
+}
+
+#[test]
+fn catalog_exclusions_refuse_known_broken_pairs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = dir.path().join("catalog.toml");
+    let embedded =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("catalog/catalog.toml"))
+            .unwrap();
+    fs::write(
+        &cat,
+        format!(
+            "{embedded}\n[[exclusions]]\ndriver = \"550\"\nkernelMin = \"6.12\"\nreason = \"test: kernel API changed\"\n"
+        ),
+    )
+    .unwrap();
+    let r = run_on(
+        "debian-13-hgx-a100",
+        &["--catalog", cat.to_str().unwrap(), "resolve"],
+    );
+    let s = &r.doc["status"];
+    assert_eq!(r.code, 11);
+    assert_eq!(s["reason"], "IncompatibleKernel");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("test: kernel API changed")
+    );
+    assert_eq!(r.doc["spec"]["catalog"], cat.to_str().unwrap());
+    // The same pair on an older kernel is fine.
+    let r = run_on(
+        "debian-12-t4-headers",
+        &[
+            "--catalog",
+            cat.to_str().unwrap(),
+            "resolve",
+            "--driver-version",
+            "550.163.01",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.doc);
+}
+
+#[test]
+fn a_broken_catalog_is_a_clear_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = dir.path().join("catalog.toml");
+    fs::write(&cat, "schemaVersion = 1\ndefaultBranch = 7\n").unwrap();
+    for cmd in ["detect", "resolve"] {
+        let r = run_on(
+            "gardenlinux-1592-t4",
+            &["--catalog", cat.to_str().unwrap(), cmd],
+        );
+        assert_eq!(r.code, 4, "{cmd}");
+        assert_eq!(r.doc["status"]["reason"], "CatalogInvalid");
+        assert!(
+            r.doc["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(cat.to_str().unwrap())
+        );
+    }
+    let r = run_on(
+        "gardenlinux-1592-t4",
+        &["--catalog", "/nonexistent/catalog.toml", "resolve"],
+    );
+    assert_eq!(r.code, 4);
+    assert!(
+        r.doc["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("reading catalog /nonexistent/catalog.toml")
+    );
+}
+
+#[test]
+fn a_root_without_os_release_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(&["--host-root", dir.path().to_str().unwrap(), "detect"]);
+    assert_eq!(r.code, 10);
+    assert_eq!(r.doc["status"]["reason"], "HostReadFailed");
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(dir.path().to_str().unwrap()) && msg.contains("--host-root"),
+        "{msg}"
+    );
+    assert!(r.stderr.contains("HostReadFailed"), "{}", r.stderr);
+}
+
+#[test]
+fn kernel_release_override_changes_the_headers() {
+    let r = run_on("debian-12-t4-headers", &["resolve"]);
+    assert_eq!(r.doc["status"]["headers"]["source"], "installed");
+    let r = run_on(
+        "debian-12-t4-headers",
+        &["--kernel-release", "6.12.12+bpo-cloud-amd64", "resolve"],
+    );
+    let h = &r.doc["status"]["headers"];
+    assert_eq!(
+        r.doc["spec"]["kernelReleaseOverride"],
+        "6.12.12+bpo-cloud-amd64"
+    );
+    assert_eq!(h["source"], "package");
+    assert_eq!(h["package"], "linux-headers-6.12.12+bpo-cloud-amd64");
+    assert_eq!(h["suite"], "bookworm-backports");
+    assert_eq!(h["kernelRelease"], "6.12.12+bpo-cloud-amd64");
+}
+
+#[test]
+fn headers_behind_the_absolute_build_link_are_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    synthetic_root(root, &[0x1eb8]);
+    let rel = "6.12.44-cloud-amd64";
+    let real = root.join("usr/src/linux-headers-6.12.44-common");
+    fs::create_dir_all(&real).unwrap();
+    fs::write(real.join("Makefile"), "# kbuild\n").unwrap();
+    fs::create_dir_all(root.join(format!("lib/modules/{rel}"))).unwrap();
+    std::os::unix::fs::symlink(
+        "/usr/src/linux-headers-6.12.44-common",
+        root.join(format!("lib/modules/{rel}/build")),
+    )
+    .unwrap();
+    let r = run(&["--host-root", root.to_str().unwrap(), "resolve"]);
+    let h = &r.doc["status"]["headers"];
+    assert_eq!(h["source"], "installed", "{}", r.doc);
+    assert_eq!(h["path"], "/usr/src/linux-headers-6.12.44-common");
+}
+
+#[test]
+fn stdout_is_data_and_stderr_is_diagnostics() {
+    let out = bin()
+        .args([
+            "--host-root",
+            fixture("ubuntu-2404-t4").to_str().unwrap(),
+            "detect",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let _: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(stderr.contains("UnsupportedOs"), "{stderr}");
+    assert!(!stdout.contains("ERROR"));
+}
+
+#[test]
+fn output_file_and_termination_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("plan.json");
+    let term = dir.path().join("termination-log");
+    fs::write(&term, "").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"))
+        .args([
+            "--host-root",
+            fixture("gardenlinux-2150-h100").to_str().unwrap(),
+            "--output",
+            out_path.to_str().unwrap(),
+            "--termination-log",
+            term.to_str().unwrap(),
+            "resolve",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty(), "stdout must be empty with --output");
+    let doc: Value = serde_json::from_str(&fs::read_to_string(&out_path).unwrap()).unwrap();
+    assert_eq!(doc["kind"], "InstallPlan");
+    let t = fs::read_to_string(&term).unwrap();
+    assert!(t.len() <= 4096, "{}", t.len());
+    let tdoc: Value = serde_json::from_str(&t).unwrap();
+    assert_eq!(tdoc["status"]["reason"], "Resolved");
+    assert!(!t.contains('\n'), "termination copy is compact");
+    // No leftover temp files beside the output.
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    let out = bin().arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = bin()
+        .args(["resolve", "--flavor", "closed"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = bin().arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8(out.stdout).unwrap();
+    for cmd in ["detect", "resolve", "schema", "--host-root", "--catalog"] {
+        assert!(help.contains(cmd), "{cmd} missing from --help");
+    }
+}
+
+#[test]
+fn committed_schema_matches_the_types() {
+    let out = bin().arg("schema").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let generated = String::from_utf8(out.stdout).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/results.v1alpha1.json");
+    if std::env::var_os("UPDATE_SCHEMA").is_some() {
+        fs::write(&path, &generated).unwrap();
+    }
+    let committed = fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{} is out of date; regenerate with `UPDATE_SCHEMA=1 cargo test --test cli committed_schema` \
+         or `gpu-driver-installer schema > schema/results.v1alpha1.json`",
+        path.display()
+    );
+    // Every result a command printed validates structurally: spot-check the
+    // fields the operator reads.
+    let schema: Value = serde_json::from_str(&generated).unwrap();
+    let text = schema.to_string();
+    for field in [
+        "pciAddress",
+        "deviceId",
+        "kernelRelease",
+        "driverVersion",
+        "moduleFlavor",
+        "headers",
+    ] {
+        assert!(text.contains(field), "schema lacks {field}");
+    }
+}
+
+#[test]
+fn every_reason_is_documented_with_its_exit_code() {
+    let doc =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/results.md")).unwrap();
+    for reason in gpu_driver::report::Reason::ALL {
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}` |", reason.as_str())))
+            .unwrap_or_else(|| panic!("docs/results.md has no row for {reason}"));
+        let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert_eq!(cols[2], format!("{:?}", reason.phase()), "{row}");
+        assert_eq!(cols[3], reason.exit_code().to_string(), "{row}");
+    }
+}
