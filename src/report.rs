@@ -49,6 +49,23 @@ pub enum Reason {
     GpuNotSupported,
     /// The catalog lists this driver/kernel pair as known not to work.
     IncompatibleKernel,
+    /// `fetch`: the package is on disk with a verified checksum.
+    Fetched,
+    /// The package could not be downloaded from any URL or mirror.
+    DownloadFailed,
+    /// The downloaded bytes do not have the expected sha256; they were deleted.
+    ChecksumMismatch,
+    /// No trusted checksum is known for the package.
+    ChecksumMissing,
+    /// `--offline` and the package is not in the cache.
+    NotCached,
+    /// A plain `http://` URL without `--allow-http`.
+    InsecureUrl,
+    /// A package or archive is malformed, truncated, or fails its own checksums.
+    ArchiveInvalid,
+    /// An archive entry would escape the target directory (absolute path,
+    /// `..`, or a link pointing outside).
+    UnsafeArchive,
     /// A bug: something that should not happen did.
     Internal,
 }
@@ -63,6 +80,7 @@ pub enum ReasonClass {
     Usage,
     Host,
     Resolve,
+    Fetch,
 }
 
 impl Reason {
@@ -77,12 +95,20 @@ impl Reason {
         Reason::FlavorNotSupported,
         Reason::GpuNotSupported,
         Reason::IncompatibleKernel,
+        Reason::Fetched,
+        Reason::DownloadFailed,
+        Reason::ChecksumMismatch,
+        Reason::ChecksumMissing,
+        Reason::NotCached,
+        Reason::InsecureUrl,
+        Reason::ArchiveInvalid,
+        Reason::UnsafeArchive,
         Reason::Internal,
     ];
 
     pub fn class(self) -> ReasonClass {
         match self {
-            Reason::Detected | Reason::Resolved => ReasonClass::Success,
+            Reason::Detected | Reason::Resolved | Reason::Fetched => ReasonClass::Success,
             Reason::NoGpu => ReasonClass::Skip,
             Reason::Internal => ReasonClass::Internal,
             Reason::InvalidArgument | Reason::CatalogInvalid => ReasonClass::Usage,
@@ -90,6 +116,13 @@ impl Reason {
             Reason::FlavorNotSupported | Reason::GpuNotSupported | Reason::IncompatibleKernel => {
                 ReasonClass::Resolve
             }
+            Reason::DownloadFailed
+            | Reason::ChecksumMismatch
+            | Reason::ChecksumMissing
+            | Reason::NotCached
+            | Reason::InsecureUrl
+            | Reason::ArchiveInvalid
+            | Reason::UnsafeArchive => ReasonClass::Fetch,
         }
     }
 
@@ -117,6 +150,14 @@ impl Reason {
             Reason::FlavorNotSupported => "FlavorNotSupported",
             Reason::GpuNotSupported => "GpuNotSupported",
             Reason::IncompatibleKernel => "IncompatibleKernel",
+            Reason::Fetched => "Fetched",
+            Reason::DownloadFailed => "DownloadFailed",
+            Reason::ChecksumMismatch => "ChecksumMismatch",
+            Reason::ChecksumMissing => "ChecksumMissing",
+            Reason::NotCached => "NotCached",
+            Reason::InsecureUrl => "InsecureUrl",
+            Reason::ArchiveInvalid => "ArchiveInvalid",
+            Reason::UnsafeArchive => "UnsafeArchive",
             Reason::Internal => "Internal",
         }
     }
@@ -132,6 +173,7 @@ impl ReasonClass {
             ReasonClass::Usage => 4,
             ReasonClass::Host => 10,
             ReasonClass::Resolve => 11,
+            ReasonClass::Fetch => 12,
         }
     }
 }
@@ -169,6 +211,7 @@ impl Outcome {
 pub enum Kind {
     HostReport,
     InstallPlan,
+    FetchResult,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
