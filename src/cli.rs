@@ -8,9 +8,14 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
+use std::time::Duration;
+
 use crate::catalog::Catalog;
 use crate::detect::{self, DetectOptions, DetectSpec, HostReport};
 use crate::error::{Error, Result};
+use crate::fetch::{
+    self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
+};
 use crate::host::{HostRoot, HostRootSource};
 use crate::report::{self, Kind, Outcome, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
@@ -63,13 +68,59 @@ pub enum Command {
     /// Report the OS, kernel, NVIDIA GPUs, loaded driver and Secure Boot state.
     Detect,
     /// Decide driver version, module flavor, kernel headers and package.
-    Resolve(ResolveArgs),
+    Resolve(PlanArgs),
+    /// Download the plan's package (or --url) into the cache, verified.
+    Fetch(FetchArgs),
     /// Print the JSON Schema of every result document.
     Schema,
 }
 
 #[derive(Debug, Args)]
-pub struct ResolveArgs {
+pub struct FetchArgs {
+    /// Fetch this URL instead of the resolved plan's package.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Expected sha256 (64 hex digits). Without it: the catalog, then a
+    /// `<url>.sha256sum` companion, then NVIDIA's redistrib manifest.
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
+    /// NVIDIA redistrib_<version>.json to take the checksum from.
+    #[arg(long, value_name = "URL")]
+    pub manifest: Option<String>,
+    /// Mirror to try after the primary URL, in order (repeatable): a prefix
+    /// the file name is appended to, or a template with {file}/{version}.
+    #[arg(long = "mirror", value_name = "URL")]
+    pub mirrors: Vec<String>,
+    /// Package cache. Default: <host-root>/var/cache/gpu-driver/packages.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Never touch the network: succeed only from the cache.
+    #[arg(long)]
+    pub offline: bool,
+    /// Allow plain http:// URLs (trusted networks only).
+    #[arg(long)]
+    pub allow_http: bool,
+    /// Retries per URL after the first attempt (exponential backoff).
+    #[arg(long, value_name = "N", default_value_t = RetryPolicy::default().retries)]
+    pub retries: u32,
+    /// Wait before the first retry, in milliseconds; doubles each retry.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub backoff_ms: u64,
+    /// Connect timeout in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub connect_timeout: u64,
+    /// Timeout for the response head and for each read, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub read_timeout: u64,
+    /// Extra CA certificates (PEM) for private mirrors.
+    #[arg(long, value_name = "PATH")]
+    pub ca_bundle: Option<PathBuf>,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
     /// Install exactly this driver version (e.g. 580.95.05).
     #[arg(long, value_name = "VERSION")]
     pub driver_version: Option<String>,
@@ -77,6 +128,9 @@ pub struct ResolveArgs {
     #[arg(long, value_enum, default_value_t = FlavorChoice::Auto)]
     pub flavor: FlavorChoice,
 }
+
+/// Where packages are cached on the host, so that a later Job finds them.
+pub const DEFAULT_PACKAGE_CACHE: &str = "/var/cache/gpu-driver/packages";
 
 /// Entry point: returns the process exit code.
 pub fn run() -> ExitCode {
@@ -131,6 +185,10 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             };
             deliver(g, Kind::HostReport, &doc)
         }
+        Command::Fetch(args) => {
+            let doc = run_fetch(g, args);
+            deliver(g, Kind::FetchResult, &doc)
+        }
         Command::Resolve(args) => {
             let root = host_root(g);
             let doc = match load_catalog(g) {
@@ -147,6 +205,91 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             deliver(g, Kind::InstallPlan, &doc)
         }
     }
+}
+
+fn run_fetch(g: &GlobalArgs, args: &FetchArgs) -> FetchResult {
+    let root = host_root(g);
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .unwrap_or_else(|| root.join(DEFAULT_PACKAGE_CACHE));
+    let opts = FetchOptions {
+        urls: Vec::new(),
+        sha256: String::new(),
+        cache_dir,
+        offline: args.offline,
+        allow_http: args.allow_http,
+        retry: RetryPolicy {
+            retries: args.retries,
+            initial_backoff: Duration::from_millis(args.backoff_ms),
+            ..RetryPolicy::default()
+        },
+        timeouts: Timeouts {
+            connect: Duration::from_secs(args.connect_timeout),
+            read: Duration::from_secs(args.read_timeout),
+        },
+        ca_bundle: args.ca_bundle.clone(),
+        progress_bar: true,
+    };
+    let flag_sum = args
+        .sha256
+        .as_ref()
+        .map(|s| (s.clone(), ChecksumSource::Flag));
+    let request = match &args.url {
+        Some(url) => Ok(PackageRequest {
+            url: url.clone(),
+            sha256: flag_sum,
+            mirrors: args.mirrors.clone(),
+            version: None,
+            manifest: args.manifest.clone(),
+        }),
+        None => plan_request(g, &root, args, flag_sum),
+    };
+    match request {
+        Ok(req) => fetch::fetch_package(&req, opts),
+        Err(e) => fetch::fetch_package_failed(
+            args.url.clone().unwrap_or_default(),
+            &opts,
+            Outcome::from_error(&e),
+        ),
+    }
+}
+
+/// The package of the resolved plan; fails with the plan's own reason.
+fn plan_request(
+    g: &GlobalArgs,
+    root: &HostRoot,
+    args: &FetchArgs,
+    flag_sum: Option<(String, ChecksumSource)>,
+) -> Result<PackageRequest> {
+    let (catalog, label) = load_catalog(g)?;
+    let plan = resolve::resolve(&ResolveOptions {
+        root,
+        catalog: &catalog,
+        catalog_label: label,
+        kernel_release: g.kernel_release.clone(),
+        driver_version: args.plan.driver_version.clone(),
+        flavor: args.plan.flavor,
+    });
+    let outcome = &plan.status.outcome;
+    let package = match (&plan.status.package, outcome.reason) {
+        (Some(p), Reason::Resolved) => p,
+        _ => return Err(Error::new(outcome.reason, outcome.message.clone())),
+    };
+    let mut mirrors = args.mirrors.clone();
+    mirrors.extend(package.mirrors.iter().cloned());
+    Ok(PackageRequest {
+        url: package.url.clone(),
+        sha256: flag_sum.or_else(|| {
+            package
+                .sha256
+                .as_ref()
+                .map(|s| (s.clone(), ChecksumSource::Catalog))
+        }),
+        mirrors,
+        version: plan.status.driver_version.clone(),
+        manifest: args.manifest.clone(),
+    })
 }
 
 fn host_root(g: &GlobalArgs) -> HostRoot {
@@ -174,7 +317,7 @@ fn failed_host_report(root: &HostRoot, g: &GlobalArgs, e: &Error) -> HostReport 
     )
 }
 
-fn failed_plan(root: &HostRoot, g: &GlobalArgs, args: &ResolveArgs, e: &Error) -> InstallPlan {
+fn failed_plan(root: &HostRoot, g: &GlobalArgs, args: &PlanArgs, e: &Error) -> InstallPlan {
     resolve::plan_failed(
         ResolveSpec {
             host_root: root.path().display().to_string(),

@@ -13,3 +13,4 @@ pub mod schema;
 
 pub use error::{Error, Result};
 pub use report::Reason;
+pub mod fetch;

@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 
 use crate::detect::HostReport;
 use crate::error::{Error, Result};
+use crate::fetch::FetchResult;
 use crate::report::Reason;
 use crate::resolve::InstallPlan;
 
@@ -16,6 +17,7 @@ use crate::resolve::InstallPlan;
 enum AnyResult {
     HostReport(HostReport),
     InstallPlan(InstallPlan),
+    FetchResult(FetchResult),
 }
 
 pub const COMMITTED_PATH: &str = "schema/results.v1alpha1.json";
