@@ -600,3 +600,33 @@ fn every_reason_is_documented_with_its_exit_code() {
         assert_eq!(cols[3], reason.exit_code().to_string(), "{row}");
     }
 }
+
+#[test]
+fn the_embedded_catalog_refuses_measured_broken_pairs() {
+    // Measured: 550.163.01 open fails to compile on 6.12.117+deb13.
+    let r = run_on(
+        "debian-13-hgx-a100",
+        &[
+            "--kernel-release",
+            "6.12.117+deb13-cloud-amd64",
+            "resolve",
+            "--flavor",
+            "open",
+        ],
+    );
+    assert_eq!(r.code, 11, "{}", r.doc);
+    assert_eq!(r.doc["status"]["reason"], "IncompatibleKernel");
+    assert!(
+        r.doc["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("pci_resize_resource")
+    );
+    // The proprietary flavor of the same pair builds, and auto picks it.
+    let r = run_on(
+        "debian-13-hgx-a100",
+        &["--kernel-release", "6.12.117+deb13-cloud-amd64", "resolve"],
+    );
+    assert_eq!(r.code, 0, "{}", r.doc);
+    assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
+}
