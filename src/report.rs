@@ -66,6 +66,28 @@ pub enum Reason {
     /// An archive entry would escape the target directory (absolute path,
     /// `..`, or a link pointing outside).
     UnsafeArchive,
+    /// `build`: modules compiled, stripped and packaged for the kernel.
+    Built,
+    /// No kernel headers for the release: not installed, not given, and no
+    /// `linux-headers-<release>` package in the OS's repository.
+    KernelHeadersNotFound,
+    /// Headers present but for another release, or incomplete.
+    KernelHeadersMismatch,
+    /// No C compiler (or make) in the build environment.
+    CompilerMissing,
+    /// The compiler differs from the one the kernel was built with
+    /// (`CONFIG_CC_VERSION_TEXT`).
+    CompilerMismatch,
+    /// Not enough free disk space for the build.
+    InsufficientDisk,
+    /// `/proc` is not mounted in the build environment (NVIDIA's conftest
+    /// silently misbehaves without it).
+    ProcNotMounted,
+    /// The compile failed with errors typical of a kernel API change
+    /// (too few arguments, implicit declaration, missing member, …).
+    KernelApiMismatch,
+    /// The compile failed for another reason; the log excerpt says why.
+    BuildFailed,
     /// A bug: something that should not happen did.
     Internal,
 }
@@ -81,6 +103,7 @@ pub enum ReasonClass {
     Host,
     Resolve,
     Fetch,
+    Build,
 }
 
 impl Reason {
@@ -103,12 +126,23 @@ impl Reason {
         Reason::InsecureUrl,
         Reason::ArchiveInvalid,
         Reason::UnsafeArchive,
+        Reason::Built,
+        Reason::KernelHeadersNotFound,
+        Reason::KernelHeadersMismatch,
+        Reason::CompilerMissing,
+        Reason::CompilerMismatch,
+        Reason::InsufficientDisk,
+        Reason::ProcNotMounted,
+        Reason::KernelApiMismatch,
+        Reason::BuildFailed,
         Reason::Internal,
     ];
 
     pub fn class(self) -> ReasonClass {
         match self {
-            Reason::Detected | Reason::Resolved | Reason::Fetched => ReasonClass::Success,
+            Reason::Detected | Reason::Resolved | Reason::Fetched | Reason::Built => {
+                ReasonClass::Success
+            }
             Reason::NoGpu => ReasonClass::Skip,
             Reason::Internal => ReasonClass::Internal,
             Reason::InvalidArgument | Reason::CatalogInvalid => ReasonClass::Usage,
@@ -123,6 +157,14 @@ impl Reason {
             | Reason::InsecureUrl
             | Reason::ArchiveInvalid
             | Reason::UnsafeArchive => ReasonClass::Fetch,
+            Reason::KernelHeadersNotFound
+            | Reason::KernelHeadersMismatch
+            | Reason::CompilerMissing
+            | Reason::CompilerMismatch
+            | Reason::InsufficientDisk
+            | Reason::ProcNotMounted
+            | Reason::KernelApiMismatch
+            | Reason::BuildFailed => ReasonClass::Build,
         }
     }
 
@@ -158,6 +200,15 @@ impl Reason {
             Reason::InsecureUrl => "InsecureUrl",
             Reason::ArchiveInvalid => "ArchiveInvalid",
             Reason::UnsafeArchive => "UnsafeArchive",
+            Reason::Built => "Built",
+            Reason::KernelHeadersNotFound => "KernelHeadersNotFound",
+            Reason::KernelHeadersMismatch => "KernelHeadersMismatch",
+            Reason::CompilerMissing => "CompilerMissing",
+            Reason::CompilerMismatch => "CompilerMismatch",
+            Reason::InsufficientDisk => "InsufficientDisk",
+            Reason::ProcNotMounted => "ProcNotMounted",
+            Reason::KernelApiMismatch => "KernelApiMismatch",
+            Reason::BuildFailed => "BuildFailed",
             Reason::Internal => "Internal",
         }
     }
@@ -174,6 +225,7 @@ impl ReasonClass {
             ReasonClass::Host => 10,
             ReasonClass::Resolve => 11,
             ReasonClass::Fetch => 12,
+            ReasonClass::Build => 13,
         }
     }
 }
@@ -212,6 +264,7 @@ pub enum Kind {
     HostReport,
     InstallPlan,
     FetchResult,
+    BuildResult,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
