@@ -43,6 +43,18 @@ pub enum Compression {
     None,
 }
 
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compression::Gzip => "gzip",
+            Compression::Bzip2 => "bzip2",
+            Compression::Xz => "xz",
+            Compression::Zstd => "zstd",
+            Compression::None => "uncompressed tar",
+        })
+    }
+}
+
 /// What a package source is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -342,7 +354,7 @@ fn extract_makeself(src: &Path, tree: &mut Tree) -> Result<(Compression, Vec<Che
             return Err(Error::new(
                 Reason::ArchiveInvalid,
                 format!(
-                    "{}: the header decompresses the payload with '{}' but it is {found:?}",
+                    "{}: the header decompresses the payload with '{}' but it is {found}",
                     src.display(),
                     ms.decompress_cmd.as_deref().unwrap_or_default()
                 ),
@@ -512,9 +524,10 @@ impl<'a> Tree<'a> {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    return Err(
-                        self.invalid(format_args!("reading entry '{}': {e}", rel.display()))
-                    );
+                    return Err(self.invalid(format_args!(
+                        "reading entry '{}' (truncated or corrupt): {e}",
+                        rel.display()
+                    )));
                 }
             };
             out.write_all(&buf[..n])
@@ -628,8 +641,11 @@ impl<'a> Tree<'a> {
     /// from a complete one.
     fn unpack_tar(&mut self, reader: impl Read) -> Result<()> {
         let mut archive = tar::Archive::new(reader);
-        let read_err =
-            |tree: &Tree, e: io::Error| tree.invalid(format_args!("reading the tar stream: {e}"));
+        let read_err = |tree: &Tree, e: io::Error| {
+            tree.invalid(format_args!(
+                "reading the tar stream (truncated or corrupt): {e}"
+            ))
+        };
         {
             let entries = archive.entries().map_err(|e| read_err(self, e))?;
             for entry in entries {

@@ -90,10 +90,19 @@ pub(crate) fn parse(path: &Path, file: &mut File) -> Result<Makeself> {
         .metadata()
         .map_err(|e| Error::io(Reason::Internal, "reading metadata of", path, e))?
         .len();
-    let lines = header_lines(path, file)?;
+    let (lines, text_to_eof) = header_lines(path, file, file_len)?;
     let text: Vec<&str> = lines.iter().map(String::as_str).collect();
 
-    let offset = find_offset(&text).map_err(|m| invalid(&m))?;
+    let offset = find_offset(&text).map_err(|m| {
+        if text_to_eof {
+            // All text and no payload: most likely a download cut short.
+            invalid(&format!(
+                "truncated: the file ends inside its makeself header ({m})"
+            ))
+        } else {
+            invalid(&m)
+        }
+    })?;
     // Only lines before the payload are header; a value found after it would
     // come from the payload's bytes.
     let header_line_count = match offset {
@@ -319,7 +328,8 @@ enum Offset {
 
 /// Reads the header's text lines: everything up to the first line holding a
 /// NUL byte (the payload or an embedded binary), at most [`MAX_HEADER_TEXT`].
-fn header_lines(path: &Path, file: &mut File) -> Result<Vec<String>> {
+/// Also says whether the text ran to the end of the file.
+fn header_lines(path: &Path, file: &mut File, file_len: u64) -> Result<(Vec<String>, bool)> {
     file.seek(SeekFrom::Start(0))
         .map_err(|e| Error::io(Reason::Internal, "seeking in", path, e))?;
     let mut reader = BufReader::new((&mut *file).take(MAX_HEADER_TEXT));
@@ -330,13 +340,15 @@ fn header_lines(path: &Path, file: &mut File) -> Result<Vec<String>> {
         let n = reader
             .read_until(b'\n', &mut buf)
             .map_err(|e| Error::io(Reason::Internal, "reading", path, e))?;
-        if n == 0 || buf.contains(&0) {
-            break;
+        if n == 0 {
+            return Ok((lines, file_len <= MAX_HEADER_TEXT));
+        }
+        if buf.contains(&0) {
+            return Ok((lines, false));
         }
         let line = String::from_utf8_lossy(&buf);
         lines.push(line.trim_end_matches(['\n', '\r']).to_string());
     }
-    Ok(lines)
 }
 
 /// The byte offset just after the first `n` lines, or `None` when the file
