@@ -6,9 +6,11 @@ pub mod catalog;
 pub mod cli;
 pub mod detect;
 pub mod error;
+pub mod extract;
 pub mod host;
 pub mod report;
 pub mod resolve;
+mod runfile;
 pub mod schema;
 
 pub use error::{Error, Result};
