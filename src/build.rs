@@ -729,7 +729,7 @@ pub fn check_tools(cc_version_text: Option<&str>, path_var: &OsStr) -> Result<St
 pub fn run_compiler_version(cc: &str) -> Result<String> {
     let out = Command::new(cc)
         .arg("--version")
-        .env("LC_ALL", "C")
+        .envs(C_LOCALE.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| {
@@ -986,10 +986,20 @@ pub fn make_args(
     ]
 }
 
+/// The C locale for compilers and make: English messages with ASCII quotes,
+/// which the classifier reads. `LC_ALL` alone is not enough: the kernel's
+/// Makefile unexports it, so gcc would fall back to `LANG` (often
+/// `C.UTF-8`, giving `‘’` quotes).
+const C_LOCALE: &[(&str, &str)] = &[
+    ("LC_ALL", "C"),
+    ("LANG", "C"),
+    ("LC_CTYPE", "C"),
+    ("LC_MESSAGES", "C"),
+];
+
 /// Runs `program args`, its stdout and stderr interleaved (one pipe for
 /// both, as a terminal would show them) into `log` and to tracing at debug
-/// level. `LC_ALL=C` keeps the compiler's messages in English with ASCII
-/// quotes, so that the classifier can read them.
+/// level, in the C locale.
 pub fn run_logged(
     program: &str,
     args: &[OsString],
@@ -1012,7 +1022,7 @@ pub fn run_logged(
         .map_err(|e| Error::new(LOCAL_IO, format!("duplicating a pipe for {program}: {e}")))?;
     let mut child = Command::new(program)
         .args(args)
-        .env("LC_ALL", "C")
+        .envs(C_LOCALE.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::from(writer))
         .stderr(Stdio::from(writer2))
@@ -1114,8 +1124,13 @@ pub fn classify_log(log: &str, tree: &Path) -> Failure {
             }
         }
     }
+    // Without the module tree's prefix, and with ASCII quotes whatever the
+    // locale was, so that messages compare across builders.
     let prefix = format!("{}/", tree.display());
-    let errors: Vec<String> = errors.into_iter().map(|e| e.replace(&prefix, "")).collect();
+    let errors: Vec<String> = errors
+        .into_iter()
+        .map(|e| e.replace(&prefix, "").replace(['‘', '’'], "'"))
+        .collect();
     let start = match first {
         // Two lines of context ("In function ..."), then the error.
         Some(i) => i.saturating_sub(2),
@@ -1258,7 +1273,7 @@ pub fn run_strip(src: &Path, dest: &Path) -> Result<()> {
         .arg("-o")
         .arg(dest)
         .arg(src)
-        .env("LC_ALL", "C")
+        .envs(C_LOCALE.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| Error::new(Reason::CompilerMissing, format!("running strip: {e}")))?;

@@ -419,8 +419,8 @@ fn compile_succeeds(suite: &str, flavor: &str, tarball: &str, branch: &str) {
     let driver = s["driverVersion"].as_str().unwrap();
     assert!(driver.starts_with(branch), "{driver}");
     eprintln!(
-        "{suite} {flavor} {driver} for {release}: timings {}",
-        s["timings"]
+        "{suite} {flavor} {driver} for {release}: timings {}\n{:#}",
+        s["timings"], r.doc
     );
     assert!(s["timings"]["compileSeconds"].as_f64().unwrap() > 1.0);
     assert!(s["timings"]["extractSeconds"].is_number());
@@ -548,7 +548,10 @@ fn compile_trixie_open_fails_with_kernel_api_mismatch() {
         r.doc,
         r.stderr
     );
-    eprintln!("trixie open for {release}: timings {}", s["timings"]);
+    eprintln!(
+        "trixie open for {release}: timings {}\n{:#}",
+        s["timings"], r.doc
+    );
     assert_eq!(s["phase"], "Failed");
     let msg = message(&r);
     assert!(

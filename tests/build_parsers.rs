@@ -398,12 +398,12 @@ fn pci_resize_resource_is_a_kernel_api_mismatch() {
     ] {
         let f = classify_log(&text(log), Path::new(tree));
         assert_eq!(f.reason, Reason::KernelApiMismatch, "{log}");
-        // The module tree's prefix is gone; the error is quoted whole (this
-        // log was captured with gcc's UTF-8 quotes).
+        // The module tree's prefix is gone; the error is quoted whole, with
+        // ASCII quotes (this log was captured with gcc's UTF-8 ones).
         assert_eq!(
             f.errors[0],
             format!(
-                "nvidia/nv-pci.c:{line}:9: error: too few arguments to function ‘pci_resize_resource’"
+                "nvidia/nv-pci.c:{line}:9: error: too few arguments to function 'pci_resize_resource'"
             ),
             "{log}"
         );
