@@ -10,13 +10,14 @@ use serde::Serialize;
 
 use std::time::Duration;
 
+use crate::build::{self, BuildOptions, BuildResult};
 use crate::catalog::Catalog;
 use crate::detect::{self, DetectOptions, DetectSpec, HostReport};
 use crate::error::{Error, Result};
 use crate::fetch::{
     self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
 };
-use crate::host::{HostRoot, HostRootSource};
+use crate::host::{HostRoot, HostRootSource, ModuleFlavor};
 use crate::report::{self, Kind, Outcome, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
 
@@ -71,6 +72,9 @@ pub enum Command {
     Resolve(PlanArgs),
     /// Download the plan's package (or --url) into the cache, verified.
     Fetch(FetchArgs),
+    /// Compile the kernel modules of a driver package for a kernel and
+    /// package them (modules, firmware, manifest) into one file.
+    Build(BuildArgs),
     /// Print the JSON Schema of every result document.
     Schema,
 }
@@ -117,6 +121,58 @@ pub struct FetchArgs {
     pub ca_bundle: Option<PathBuf>,
     #[command(flatten)]
     pub plan: PlanArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The driver package: NVIDIA's .run, a module-source tarball (Debian's
+    /// /usr/src/nvidia-open-kernel.tar.xz) or an unpacked directory.
+    #[arg(long, value_name = "PATH")]
+    pub source: PathBuf,
+    /// Kernel release to build for. Default: --kernel-release, else the
+    /// running kernel.
+    #[arg(long, value_name = "RELEASE")]
+    pub kernel: Option<String>,
+    /// The release's kernel headers. Default: /usr/src/linux-headers-<rel>
+    /// or /lib/modules/<rel>/build under the host root.
+    #[arg(long, value_name = "DIR")]
+    pub headers: Option<PathBuf>,
+    /// Kernel module flavor to build.
+    #[arg(long, value_enum)]
+    pub flavor: BuildFlavor,
+    /// Where the packaged artifact is written.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Work directory (extraction, compile, build.log). Default:
+    /// <out>/work-<flavor>-<release>.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Keep the extracted and compiled tree (the log is always kept).
+    #[arg(long)]
+    pub keep_work: bool,
+    /// Parallel compile jobs. Default: the number of CPUs available.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub jobs: Option<u16>,
+    /// The driver version, where the source does not declare it; must agree
+    /// with the source when it does.
+    #[arg(long, value_name = "VERSION")]
+    pub driver_version: Option<String>,
+}
+
+/// `build` needs a concrete flavor: "auto" is `resolve`'s decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BuildFlavor {
+    Open,
+    Proprietary,
+}
+
+impl From<BuildFlavor> for ModuleFlavor {
+    fn from(f: BuildFlavor) -> Self {
+        match f {
+            BuildFlavor::Open => ModuleFlavor::Open,
+            BuildFlavor::Proprietary => ModuleFlavor::Proprietary,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +245,10 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let doc = run_fetch(g, args);
             deliver(g, Kind::FetchResult, &doc)
         }
+        Command::Build(args) => {
+            let doc = run_build(g, args);
+            deliver(g, Kind::BuildResult, &doc)
+        }
         Command::Resolve(args) => {
             let root = host_root(g);
             let doc = match load_catalog(g) {
@@ -204,6 +264,36 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             };
             deliver(g, Kind::InstallPlan, &doc)
         }
+    }
+}
+
+fn run_build(g: &GlobalArgs, args: &BuildArgs) -> BuildResult {
+    let root = host_root(g);
+    let jobs = args.jobs.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let mut opts = BuildOptions {
+        source: args.source.clone(),
+        kernel_release: String::new(),
+        headers: args.headers.clone(),
+        root,
+        flavor: args.flavor.into(),
+        out_dir: args.out.clone(),
+        work_dir: args.work_dir.clone(),
+        keep_work: args.keep_work,
+        jobs,
+        driver_version: args.driver_version.clone(),
+    };
+    let release = match args.kernel.clone().or_else(|| g.kernel_release.clone()) {
+        Some(r) => Ok(r),
+        None => crate::host::read_kernel_release(&opts.root),
+    };
+    match release {
+        Ok(r) => {
+            opts.kernel_release = r;
+            build::build(&opts)
+        }
+        Err(e) => build::build_failed(opts.spec(), Outcome::from_error(&e)),
     }
 }
 

@@ -2,12 +2,14 @@
 //! later steps) fetch, build, load and verify it. The binary
 //! `gpu-driver-installer` is a thin shell around [`cli::run`].
 
+pub mod build;
 pub mod catalog;
 pub mod cli;
 pub mod detect;
 pub mod error;
 pub mod extract;
 pub mod host;
+pub mod modinfo;
 pub mod report;
 pub mod resolve;
 mod runfile;

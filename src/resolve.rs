@@ -423,6 +423,19 @@ fn describe(g: &Gpu, a: Option<&Architecture>) -> String {
     )
 }
 
+/// Headers installed on the host for `release`: `/usr/src/linux-headers-<rel>`
+/// or `/lib/modules/<rel>/build` (resolved inside the root), whichever holds
+/// a Makefile first. The path is the one we can open (root prefix included).
+pub fn installed_headers(root: &HostRoot, release: &str) -> Option<std::path::PathBuf> {
+    [
+        format!("/usr/src/linux-headers-{release}"),
+        format!("/lib/modules/{release}/build"),
+    ]
+    .iter()
+    .filter_map(|candidate| root.resolve(candidate))
+    .find(|found| found.join("Makefile").is_file())
+}
+
 /// Headers already on the host first, then the OS's apt repository.
 pub fn find_headers(
     root: &HostRoot,
@@ -431,26 +444,19 @@ pub fn find_headers(
     release: &str,
     kernel: KernelVersion,
 ) -> Result<Headers> {
-    for candidate in [
-        format!("/usr/src/linux-headers-{release}"),
-        format!("/lib/modules/{release}/build"),
-    ] {
-        if let Some(found) = root.resolve(&candidate) {
-            if found.join("Makefile").is_file() {
-                let host_path = found
-                    .strip_prefix(root.path())
-                    .map(|p| format!("/{}", p.display()))
-                    .unwrap_or_else(|_| found.display().to_string());
-                return Ok(Headers {
-                    source: HeadersSource::Installed,
-                    kernel_release: release.to_string(),
-                    path: Some(host_path),
-                    package: None,
-                    repository: None,
-                    suite: None,
-                });
-            }
-        }
+    if let Some(found) = installed_headers(root, release) {
+        let host_path = found
+            .strip_prefix(root.path())
+            .map(|p| format!("/{}", p.display()))
+            .unwrap_or_else(|_| found.display().to_string());
+        return Ok(Headers {
+            source: HeadersSource::Installed,
+            kernel_release: release.to_string(),
+            path: Some(host_path),
+            package: None,
+            repository: None,
+            suite: None,
+        });
     }
     let entry = cat.os(&os.id).ok_or_else(|| {
         Error::new(

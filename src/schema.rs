@@ -4,6 +4,7 @@
 
 use schemars::JsonSchema;
 
+use crate::build::BuildResult;
 use crate::detect::HostReport;
 use crate::error::{Error, Result};
 use crate::fetch::FetchResult;
@@ -18,6 +19,7 @@ enum AnyResult {
     HostReport(HostReport),
     InstallPlan(InstallPlan),
     FetchResult(FetchResult),
+    BuildResult(BuildResult),
 }
 
 pub const COMMITTED_PATH: &str = "schema/results.v1alpha1.json";
