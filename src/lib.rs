@@ -2,11 +2,14 @@
 //! later steps) fetch, build, load and verify it. The binary
 //! `gpu-driver-installer` is a thin shell around [`cli::run`].
 
+pub mod apt;
 pub mod catalog;
 pub mod cli;
+pub mod deb;
 pub mod detect;
 pub mod error;
 pub mod extract;
+pub mod headers;
 pub mod host;
 pub mod report;
 pub mod resolve;
