@@ -652,7 +652,12 @@ pub fn parse_depends(s: &str) -> Result<Vec<Vec<Dependency>>> {
 }
 
 fn parse_dependency(s: &str) -> Result<Dependency> {
-    let bad = || Error::new(Reason::ArchiveInvalid, format!("malformed dependency {s:?}"));
+    let bad = || {
+        Error::new(
+            Reason::ArchiveInvalid,
+            format!("malformed dependency {s:?}"),
+        )
+    };
     // Drop architecture restrictions `[…]` and build profiles `<…>`; inside
     // the version constraint `<` and `>` are operators.
     let mut text = String::new();
@@ -849,8 +854,8 @@ mod tests {
         assert!(body.contains("Codename: bookworm\n"), "{body}");
         assert!(body.ends_with("-dash escaped\n"), "{body}");
         assert!(!body.contains("PGP"), "{body}");
-        let r = parse_release(body.lines().take(6).collect::<Vec<_>>().join("\n").as_str())
-            .unwrap();
+        let r =
+            parse_release(body.lines().take(6).collect::<Vec<_>>().join("\n").as_str()).unwrap();
         assert_eq!(r.codename.as_deref(), Some("bookworm"));
         assert_eq!(r.components, ["main", "contrib"]);
         let f = r.file("main/binary-amd64/Packages.xz").unwrap();
@@ -876,7 +881,10 @@ mod tests {
             n != "other"
         })
         .unwrap();
-        assert_eq!(seen, ["linux-headers-6.1.0-50-cloud-amd64", "other", "virt-maker"]);
+        assert_eq!(
+            seen,
+            ["linux-headers-6.1.0-50-cloud-amd64", "other", "virt-maker"]
+        );
         assert_eq!(pkgs.len(), 2);
         assert_eq!(pkgs[0].version, "6.1.176-1");
         assert_eq!(pkgs[0].size, Some(10));

@@ -52,16 +52,21 @@ fn next_member(deb: &Path, r: &mut impl Read) -> Result<Option<Member>> {
         }
     }
     if &head[58..60] != b"`\n" {
-        return Err(invalid(deb, "ar member header without its '`\\n' terminator"));
+        return Err(invalid(
+            deb,
+            "ar member header without its '`\\n' terminator",
+        ));
     }
     let text = |range: std::ops::Range<usize>| String::from_utf8_lossy(&head[range]).into_owned();
     // GNU ar ends names with '/', BSD/dpkg pads them with spaces.
     let name = text(0..16).trim_end().trim_end_matches('/').to_string();
     let size_text = text(48..58);
-    let size = size_text
-        .trim()
-        .parse::<u64>()
-        .map_err(|_| invalid(deb, format_args!("ar member {name:?} has a bad size {size_text:?}")))?;
+    let size = size_text.trim().parse::<u64>().map_err(|_| {
+        invalid(
+            deb,
+            format_args!("ar member {name:?} has a bad size {size_text:?}"),
+        )
+    })?;
     if name.is_empty() || name.contains('/') {
         return Err(invalid(deb, format_args!("ar member name {name:?}")));
     }

@@ -260,7 +260,11 @@ pub fn unpack_tar_stream<R: Read>(
     if !meta.is_dir() {
         return Err(Error::new(
             LOCAL_IO,
-            format!("unpacking {}: {} is not a directory", origin.display(), root.display()),
+            format!(
+                "unpacking {}: {} is not a directory",
+                origin.display(),
+                root.display()
+            ),
         ));
     }
     let mut tree = Tree::new(root, origin);

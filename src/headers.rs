@@ -109,7 +109,8 @@ pub fn fetch_headers_from(
         })?;
         let url = source.pool_url(&pkg.filename);
         tracing::info!("fetching {} {} from {url}", pkg.name, pkg.version);
-        let fetched = fetch::fetch(&apt::download_options(opts, &url, &sha)).map_err(|e| e.error)?;
+        let fetched =
+            fetch::fetch(&apt::download_options(opts, &url, &sha)).map_err(|e| e.error)?;
         if let Some(size) = pkg.size
             && size != fetched.size
         {
@@ -282,7 +283,9 @@ fn fix_makefile_includes(root: &Path, arch_rel: &Path) -> Result<PathBuf> {
             .iter()
             .find_map(|kw| Some((*kw, trimmed.strip_prefix(kw)?.trim())));
         match parsed {
-            Some((kw, target)) if target.starts_with('/') && !target.contains(char::is_whitespace) => {
+            Some((kw, target))
+                if target.starts_with('/') && !target.contains(char::is_whitespace) =>
+            {
                 let target_rel: PathBuf = Path::new(target)
                     .components()
                     .filter(|c| matches!(c, Component::Normal(_)))
@@ -416,7 +419,9 @@ mod tests {
         assert!(is_build_dependency("linux-headers-6.12.117+deb13-common"));
         assert!(is_build_dependency("linux-kbuild-6.1"));
         assert!(is_build_dependency("linux-kbuild-6.12.117+deb13"));
-        assert!(!is_build_dependency("linux-image-6.12.117+deb13-cloud-amd64"));
+        assert!(!is_build_dependency(
+            "linux-image-6.12.117+deb13-cloud-amd64"
+        ));
         assert!(!is_build_dependency("linux-compiler-gcc-12-x86"));
         assert!(!is_build_dependency("gcc-14"));
         assert!(!is_build_dependency("linux-base"));
