@@ -26,7 +26,11 @@ stage_end() {
 ensure_tools() {
   local need=() pair
   for pair in "$@"; do
-    command -v "${pair%%:*}" >/dev/null || need+=("${pair##*:}")
+    # A CMD starting with / is a file that must exist (headers, libraries).
+    case "${pair%%:*}" in
+      /*) [ -e "${pair%%:*}" ] || need+=("${pair##*:}") ;;
+      *) command -v "${pair%%:*}" >/dev/null || need+=("${pair##*:}") ;;
+    esac
   done
   [ ${#need[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -ne 0 ]; then
@@ -42,5 +46,10 @@ ensure_tools() {
 # What scripts/test needs: `file` checks the static binary; makeself and the
 # compressors build the tests' .run files; dpkg-deb unpacks Debian's NVIDIA
 # source tarball for the extraction tests.
+# dpkg-scanpackages indexes the local apt repository of real kernel headers;
+# gcc and make compile a test module against them; kbuild's prebuilt tools
+# link libelf (objtool) and libcrypto (sign-file).
 TEST_TOOLS=(file:file chroot:coreutils makeself:makeself xz:xz-utils bzip2:bzip2
-  zstd:zstd cksum:coreutils dpkg-deb:dpkg)
+  zstd:zstd cksum:coreutils dpkg-deb:dpkg dpkg-scanpackages:dpkg-dev gzip:gzip
+  gcc:gcc make:make /usr/include/stdio.h:libc6-dev
+  /usr/lib/x86_64-linux-gnu/libelf.so.1:libelf1 /usr/lib/x86_64-linux-gnu/libcrypto.so.3:libssl3)

@@ -234,6 +234,74 @@ pub fn module_source_dir(extracted: &Path, flavor: ModuleFlavor) -> Result<PathB
     }
 }
 
+/// Unpacks one tar stream (compressed with `compression`) that is an image
+/// of a root filesystem, a `.deb`'s `data.tar`, into the existing directory
+/// `root`, merging with what earlier streams put there (later entries
+/// replace files, never directories). `origin` names the stream in messages
+/// (e.g. `pkg.deb:data.tar.xz`).
+///
+/// The safety rules of [`extract_package`] apply, with one difference: an
+/// absolute symlink target means the same path inside `root` (dpkg would
+/// create it on `/`), so it is rewritten relative to the link, e.g.
+/// `lib/modules/R/build -> ../../../usr/src/linux-headers-R`. Afterwards
+/// every symlink under `root`, not only this stream's, must resolve inside
+/// it: a new link can change where an earlier one leads.
+///
+/// Unlike [`extract_package`] this is not atomic: on an error `root` holds
+/// part of the stream. Callers unpack into a directory of their own and
+/// rename it into place once everything succeeded.
+pub fn unpack_tar_stream<R: Read>(
+    reader: R,
+    compression: Compression,
+    root: &Path,
+    origin: &Path,
+) -> Result<ExtractReport> {
+    let meta = fs::symlink_metadata(root).map_err(|e| Error::io(LOCAL_IO, "reading", root, e))?;
+    if !meta.is_dir() {
+        return Err(Error::new(
+            LOCAL_IO,
+            format!(
+                "unpacking {}: {} is not a directory",
+                origin.display(),
+                root.display()
+            ),
+        ));
+    }
+    let mut tree = Tree::new(root, origin);
+    tree.root_image = true;
+    tree.unpack_tar(decoder(compression, BufReader::new(reader), true))?;
+    tree.symlinks = symlinks_under(root)?;
+    tree.finish()?;
+    Ok(ExtractReport {
+        kind: PackageKind::Tarball(compression),
+        compression: Some(compression),
+        entries: tree.entries,
+        bytes: tree.bytes,
+        checksums_verified: Vec::new(),
+    })
+}
+
+/// Every symlink under `root`, relative to it; symlinks are not followed.
+fn symlinks_under(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut pending = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        let dir = root.join(&rel);
+        for entry in fs::read_dir(&dir).map_err(|e| Error::io(LOCAL_IO, "reading", &dir, e))? {
+            let entry = entry.map_err(|e| Error::io(LOCAL_IO, "reading", &dir, e))?;
+            let ft = entry
+                .file_type()
+                .map_err(|e| Error::io(LOCAL_IO, "reading", &entry.path(), e))?;
+            if ft.is_symlink() {
+                found.push(rel.join(entry.file_name()));
+            } else if ft.is_dir() {
+                pending.push(rel.join(entry.file_name()));
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// Tells the package kind from the content.
 fn sniff(src: &Path) -> Result<PackageKind> {
     let meta = fs::metadata(src).map_err(|e| Error::io(LOCAL_IO, "reading", src, e))?;
@@ -372,6 +440,26 @@ fn extract_makeself(src: &Path, tree: &mut Tree) -> Result<(Compression, Vec<Che
     Ok((compression, verified))
 }
 
+/// `/usr/src/x` seen from the link `lib/modules/r/build` (both inside a
+/// root image) → `../../../usr/src/x`: the same place, reached without
+/// leaving the tree. `..` in the target is kept; the usual checks apply.
+fn root_relative(link: &Path, target: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for _ in 0..link.parent().map_or(0, |p| p.components().count()) {
+        out.push("..");
+    }
+    for c in target.components() {
+        match c {
+            Component::RootDir | Component::Prefix(_) | Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}
+
 /// The directory being filled, and the safety rules for filling it. Every
 /// path is relative to `root`; nothing is ever written through a symlink.
 struct Tree<'a> {
@@ -383,6 +471,10 @@ struct Tree<'a> {
     symlinks: Vec<PathBuf>,
     entries: u64,
     bytes: u64,
+    /// The tree is an image of `/` (a `.deb`'s data.tar): absolute symlink
+    /// targets mean "from the root of the tree" and are rewritten relative,
+    /// instead of being refused.
+    root_image: bool,
 }
 
 impl<'a> Tree<'a> {
@@ -397,6 +489,7 @@ impl<'a> Tree<'a> {
             symlinks: Vec::new(),
             entries: 0,
             bytes: 0,
+            root_image: false,
         }
     }
 
@@ -565,6 +658,13 @@ impl<'a> Tree<'a> {
                 rel.display()
             )));
         }
+        let rewritten;
+        let target = if self.root_image && target.has_root() {
+            rewritten = root_relative(rel, target);
+            rewritten.as_path()
+        } else {
+            target
+        };
         let mut depth = rel.parent().map_or(0, |p| p.components().count());
         for c in target.components() {
             match c {

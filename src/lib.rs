@@ -2,12 +2,15 @@
 //! later steps) fetch, build, load and verify it. The binary
 //! `gpu-driver-installer` is a thin shell around [`cli::run`].
 
+pub mod apt;
 pub mod build;
 pub mod catalog;
 pub mod cli;
+pub mod deb;
 pub mod detect;
 pub mod error;
 pub mod extract;
+pub mod headers;
 pub mod host;
 pub mod modinfo;
 pub mod report;

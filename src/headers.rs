@@ -1,0 +1,429 @@
+//! Kernel headers from the OS's apt repository, for nodes that have none
+//! installed: `linux-headers-<release>` plus the packages it needs for an
+//! external module build (Debian's `linux-headers-*-common` and
+//! `linux-kbuild-*`), downloaded verified and unpacked into a scratch root.
+//! Garden Linux's repository has the same layout as Debian's
+//! (`https://packages.gardenlinux.io/gardenlinux dists/<version>/main`).
+//! See `docs/headers.md`.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Component, Path, PathBuf};
+
+use crate::apt::{self, AptSource, Index, Package};
+use crate::deb;
+use crate::error::{Error, Result};
+use crate::fetch::{self, FetchOptions};
+use crate::report::Reason;
+
+/// Local filesystem failures (scratch directory) are not the repository's
+/// fault; the closed reason list has nothing closer than Internal.
+const LOCAL_IO: Reason = Reason::Internal;
+
+/// A downloaded, verified package that went into the tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadersPackage {
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+}
+
+/// Unpacked headers, ready for `make -C <arch_dir> M=… modules` (or
+/// NVIDIA's `SYSSRC=<common_dir> SYSOUT=<arch_dir>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadersTree {
+    pub release: String,
+    /// The scratch root everything was unpacked into (an image of `/`).
+    pub root: PathBuf,
+    /// `<root>/usr/src/linux-headers-<release>`: `.config`, `Module.symvers`,
+    /// generated headers; the kernel's build output directory.
+    pub arch_dir: PathBuf,
+    /// The kernel source headers the arch directory's Makefile includes
+    /// (Debian: `<root>/usr/src/linux-headers-<abi>-common`); `arch_dir`
+    /// itself when the package is self-contained.
+    pub common_dir: PathBuf,
+    /// In the order they were unpacked: headers, then what it depends on.
+    pub packages: Vec<HeadersPackage>,
+}
+
+/// Names of the packages a headers package's dependencies are followed to:
+/// the shared headers and the build tools (`scripts/`, `tools/objtool`).
+/// Everything else it depends on (linux-image on trixie, the compiler,
+/// linux-base) is not needed to build modules and is not fetched.
+fn is_build_dependency(name: &str) -> bool {
+    (name.starts_with("linux-headers-") && name.contains("-common"))
+        || name.starts_with("linux-kbuild-")
+}
+
+/// Finds `linux-headers-<release>` in `repo`'s suite `suite` (component
+/// `main`, `amd64`), downloads it with the packages it needs (each verified
+/// against the index's sha256 and cached in `opts.cache_dir`; `opts.urls`
+/// and `opts.sha256` are ignored) and unpacks them into `scratch_root`,
+/// which must not exist or be an empty directory.
+///
+/// Not in the index: `KernelHeadersNotFound` naming repository, suite and
+/// package. A download that does not verify: `ChecksumMismatch`. A broken
+/// package: `ArchiveInvalid`/`UnsafeArchive`. Unpacked but unusable (no
+/// Makefile, `.config`, `scripts/`; another release): `KernelHeadersMismatch`.
+pub fn fetch_headers(
+    repo: &str,
+    suite: &str,
+    release: &str,
+    opts: &FetchOptions,
+    scratch_root: &Path,
+) -> Result<HeadersTree> {
+    fetch_headers_from(&AptSource::new(repo, suite), release, opts, scratch_root)
+}
+
+/// [`fetch_headers`] with the components and architecture chosen.
+pub fn fetch_headers_from(
+    source: &AptSource,
+    release: &str,
+    opts: &FetchOptions,
+    scratch_root: &Path,
+) -> Result<HeadersTree> {
+    if release.is_empty() || release.contains(['/', ' ']) {
+        return Err(Error::new(
+            Reason::InvalidArgument,
+            format!("{release:?} is not a kernel release"),
+        ));
+    }
+    check_scratch_root(scratch_root)?;
+    let index = apt::read_index(source, opts, &mut |name: &str| {
+        name.starts_with("linux-headers-") || name.starts_with("linux-kbuild-")
+    })?;
+    let wanted = select_packages(&index, release)?;
+
+    let mut debs = Vec::new();
+    for pkg in &wanted {
+        let sha = pkg.sha256.clone().ok_or_else(|| {
+            Error::new(
+                Reason::ChecksumMissing,
+                format!(
+                    "{} lists no SHA256 for {} {}; it cannot be downloaded verified",
+                    index.index_urls.join(", "),
+                    pkg.name,
+                    pkg.version
+                ),
+            )
+        })?;
+        let url = source.pool_url(&pkg.filename);
+        tracing::info!("fetching {} {} from {url}", pkg.name, pkg.version);
+        let fetched =
+            fetch::fetch(&apt::download_options(opts, &url, &sha)).map_err(|e| e.error)?;
+        if let Some(size) = pkg.size
+            && size != fetched.size
+        {
+            // The sha256 matched, so the index contradicts itself.
+            return Err(Error::new(
+                Reason::ArchiveInvalid,
+                format!(
+                    "{url}: the index says {size} bytes but the verified file has {}",
+                    fetched.size
+                ),
+            ));
+        }
+        debs.push((pkg, fetched.path, sha));
+    }
+
+    // Unpack beside the target and rename at the end, so a scratch root is
+    // always complete; the TempDir removes itself on any error.
+    let parent = match scratch_root.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(parent).map_err(|e| Error::io(LOCAL_IO, "creating", parent, e))?;
+    let name = scratch_root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "headers".to_string());
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}.partial-"))
+        .tempdir_in(parent)
+        .map_err(|e| Error::io(LOCAL_IO, "creating a temporary directory in", parent, e))?;
+    for (pkg, path, _) in &debs {
+        let report = deb::unpack_data(path, tmp.path())?;
+        tracing::info!(
+            "unpacked {} {} ({}, {} entries)",
+            pkg.name,
+            pkg.version,
+            report.data_member,
+            report.extract.entries
+        );
+    }
+    let arch_rel = PathBuf::from(format!("usr/src/linux-headers-{release}"));
+    let common_rel = fix_makefile_includes(tmp.path(), &arch_rel)?;
+    check_tree(tmp.path(), &arch_rel, &common_rel, release)?;
+
+    // An empty directory (e.g. a fresh tempdir) is replaced.
+    if fs::symlink_metadata(scratch_root).is_ok() {
+        fs::remove_dir(scratch_root)
+            .map_err(|e| Error::io(LOCAL_IO, "removing the empty", scratch_root, e))?;
+    }
+    let done = tmp.keep();
+    if let Err(e) = fs::rename(&done, scratch_root) {
+        let _ = fs::remove_dir_all(&done);
+        return Err(Error::io(
+            LOCAL_IO,
+            &format!("renaming {} to", done.display()),
+            scratch_root,
+            e,
+        ));
+    }
+    Ok(HeadersTree {
+        release: release.to_string(),
+        root: scratch_root.to_path_buf(),
+        arch_dir: scratch_root.join(&arch_rel),
+        common_dir: scratch_root.join(&common_rel),
+        packages: debs
+            .into_iter()
+            .map(|(p, _, sha)| HeadersPackage {
+                name: p.name.clone(),
+                version: p.version.clone(),
+                sha256: sha,
+            })
+            .collect(),
+    })
+}
+
+fn check_scratch_root(dir: &Path) -> Result<()> {
+    match fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(Error::new(
+                    LOCAL_IO,
+                    format!(
+                        "scratch root {} is not empty; headers are unpacked into a fresh directory",
+                        dir.display()
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(LOCAL_IO, "reading", dir, e)),
+    }
+}
+
+/// `linux-headers-<release>` and, transitively, the build dependencies it
+/// names (see [`is_build_dependency`]), each at the newest version its
+/// dependency allows.
+fn select_packages<'a>(index: &'a Index, release: &str) -> Result<Vec<&'a Package>> {
+    let name = format!("linux-headers-{release}");
+    let top = index.best(&name, None).ok_or_else(|| {
+        Error::new(
+            Reason::KernelHeadersNotFound,
+            format!(
+                "no package {name} in {} suite {} ({} for {}; read from {})",
+                index.source.repository,
+                index.source.suite,
+                index.source.components.join(", "),
+                index.source.architecture,
+                index.index_urls.join(", ")
+            ),
+        )
+        .with_hint(
+            "the repository may no longer (or not yet) carry this kernel's headers: \
+             install linux-headers for the running kernel on the node, upgrade the node to a \
+             kernel the repository has, or point the catalog's headersRepository at a mirror that keeps it",
+        )
+    })?;
+    let mut chosen = vec![top];
+    let mut i = 0;
+    while i < chosen.len() {
+        let pkg = chosen[i];
+        i += 1;
+        for group in &pkg.depends {
+            let Some(dep) = group.iter().find(|d| is_build_dependency(&d.name)) else {
+                continue;
+            };
+            let found = group
+                .iter()
+                .filter(|d| is_build_dependency(&d.name))
+                .find_map(|d| index.best(&d.name, Some(d)))
+                .ok_or_else(|| {
+                    Error::new(
+                        Reason::KernelHeadersNotFound,
+                        format!(
+                            "{} {} depends on {dep}, which {} suite {} does not have",
+                            pkg.name, pkg.version, index.source.repository, index.source.suite
+                        ),
+                    )
+                    .with_hint("the repository's index is inconsistent or only partly mirrored")
+                })?;
+            if !chosen.iter().any(|c| c.name == found.name) {
+                chosen.push(found);
+            }
+        }
+    }
+    Ok(chosen)
+}
+
+/// Debian's arch headers Makefile is one line, `include
+/// /usr/src/linux-headers-<abi>-common/Makefile`: an absolute path that
+/// means the host's `/usr/src`, not the scratch root. Each such include of a
+/// file that exists in the tree is rewritten relative to the Makefile's own
+/// location (`$(dir $(lastword $(MAKEFILE_LIST)))`), so the tree works
+/// wherever it lies and whatever directory make starts in. Returns the
+/// directory of the included kernel Makefile (the common headers), or the
+/// arch directory when it includes nothing.
+fn fix_makefile_includes(root: &Path, arch_rel: &Path) -> Result<PathBuf> {
+    let makefile = root.join(arch_rel).join("Makefile");
+    let text = match fs::read_to_string(&makefile) {
+        Ok(t) => t,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(arch_rel.to_path_buf()),
+        Err(e) => return Err(Error::io(LOCAL_IO, "reading", &makefile, e)),
+    };
+    let mut common = None;
+    let mut out = String::new();
+    let mut changed = false;
+    for line in text.lines() {
+        let trimmed = line.trim();
+        let parsed = ["include ", "-include ", "sinclude "]
+            .iter()
+            .find_map(|kw| Some((*kw, trimmed.strip_prefix(kw)?.trim())));
+        match parsed {
+            Some((kw, target))
+                if target.starts_with('/') && !target.contains(char::is_whitespace) =>
+            {
+                let target_rel: PathBuf = Path::new(target)
+                    .components()
+                    .filter(|c| matches!(c, Component::Normal(_)))
+                    .collect();
+                if !root.join(&target_rel).is_file() {
+                    return Err(Error::new(
+                        Reason::KernelHeadersMismatch,
+                        format!(
+                            "incomplete headers: {} includes {target}, which none of the packages provides",
+                            makefile.display()
+                        ),
+                    ));
+                }
+                if common.is_none() {
+                    common = target_rel.parent().map(Path::to_path_buf);
+                }
+                out.push_str(&format!(
+                    "# {target} rewritten by gpu-driver: relative to this Makefile, inside the unpacked root\n\
+                     {kw}$(dir $(lastword $(MAKEFILE_LIST))){}\n",
+                    relative_path(arch_rel, &target_rel).display()
+                ));
+                changed = true;
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    if changed {
+        fs::write(&makefile, out).map_err(|e| Error::io(LOCAL_IO, "writing", &makefile, e))?;
+    }
+    Ok(common.unwrap_or_else(|| arch_rel.to_path_buf()))
+}
+
+/// `to` as seen from the directory `from` (both relative to one root,
+/// without `..`): `usr/src/a`, `usr/src/b/Makefile` → `../b/Makefile`.
+fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let f: Vec<_> = from.components().collect();
+    let t: Vec<_> = to.components().collect();
+    let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..f.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c.as_os_str());
+    }
+    out
+}
+
+/// What an external module build reads: the arch directory's Makefile,
+/// configuration and `scripts/` (a link into linux-kbuild), and the common
+/// headers' Makefile; and the release the headers were generated for.
+fn check_tree(root: &Path, arch_rel: &Path, common_rel: &Path, release: &str) -> Result<()> {
+    let arch = root.join(arch_rel);
+    let common = root.join(common_rel);
+    let incomplete = |what: String| {
+        Error::new(
+            Reason::KernelHeadersMismatch,
+            format!("incomplete headers for {release}: {what}"),
+        )
+        .with_hint("the repository's headers packages do not match each other; report it")
+    };
+    if !arch.is_dir() {
+        return Err(incomplete(format!(
+            "linux-headers-{release} did not provide /{}",
+            arch_rel.display()
+        )));
+    }
+    for (dir, file) in [(&arch, "Makefile"), (&common, "Makefile")] {
+        if !dir.join(file).is_file() {
+            return Err(incomplete(format!("no {}", dir.join(file).display())));
+        }
+    }
+    if !arch.join(".config").is_file() && !arch.join("include/config/auto.conf").is_file() {
+        return Err(incomplete(format!(
+            "no .config or include/config/auto.conf in {}",
+            arch.display()
+        )));
+    }
+    // Followed through the symlink into linux-kbuild.
+    if !arch.join("scripts/Makefile.build").is_file() {
+        return Err(incomplete(format!(
+            "{}/scripts does not lead to kbuild's scripts (is linux-kbuild missing?)",
+            arch.display()
+        )));
+    }
+    let uts = arch.join("include/generated/utsrelease.h");
+    if let Ok(text) = fs::read_to_string(&uts)
+        && let Some(found) = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("#define UTS_RELEASE"))
+            .map(|v| v.trim().trim_matches('"'))
+        && found != release
+    {
+        return Err(Error::new(
+            Reason::KernelHeadersMismatch,
+            format!(
+                "linux-headers-{release} holds headers for {found} ({})",
+                uts.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths() {
+        assert_eq!(
+            relative_path(
+                Path::new("usr/src/linux-headers-6.1.0-50-cloud-amd64"),
+                Path::new("usr/src/linux-headers-6.1.0-50-common/Makefile")
+            ),
+            Path::new("../linux-headers-6.1.0-50-common/Makefile")
+        );
+        assert_eq!(
+            relative_path(Path::new("a/b"), Path::new("c")),
+            Path::new("../../c")
+        );
+    }
+
+    #[test]
+    fn build_dependencies() {
+        assert!(is_build_dependency("linux-headers-6.1.0-50-common"));
+        assert!(is_build_dependency("linux-headers-6.1.0-50-common-rt"));
+        assert!(is_build_dependency("linux-headers-6.12.117+deb13-common"));
+        assert!(is_build_dependency("linux-kbuild-6.1"));
+        assert!(is_build_dependency("linux-kbuild-6.12.117+deb13"));
+        assert!(!is_build_dependency(
+            "linux-image-6.12.117+deb13-cloud-amd64"
+        ));
+        assert!(!is_build_dependency("linux-compiler-gcc-12-x86"));
+        assert!(!is_build_dependency("gcc-14"));
+        assert!(!is_build_dependency("linux-base"));
+    }
+}
