@@ -20,3 +20,31 @@ stage_end() {
     _stage_name=""
   fi
 }
+
+# ensure_tools CMD:PACKAGE ... — installs the Debian packages whose commands
+# are missing, so that the README's commands work on a fresh machine.
+ensure_tools() {
+  local need=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair##*:}")
+  done
+  [ ${#need[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: missing packages ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+    return 1
+  fi
+  echo "installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+}
+
+# What scripts/test needs: `file` checks the static binary; makeself and the
+# compressors build the tests' .run files; dpkg-deb unpacks Debian's NVIDIA
+# source tarball for the extraction tests.
+TEST_TOOLS=(file:file chroot:coreutils makeself:makeself xz:xz-utils bzip2:bzip2
+  zstd:zstd cksum:coreutils dpkg-deb:dpkg)
+
+# What scripts/builder-root, scripts/matrix and scripts/bench-build need.
+ROOT_TOOLS=(debootstrap:debootstrap flock:util-linux mountpoint:util-linux
+  python3:python3 timeout:coreutils)
