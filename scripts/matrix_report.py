@@ -67,14 +67,15 @@ def record(a):
         "message": status.get("message", ""),
         "exitCode": a.exit_code,
         "wallSeconds": round(a.wall_ms / 1000, 1),
-        "driverVersion": spec.get("driverVersion") or status.get("driverVersion") or upstream(pkg_version),
-        "kernel": spec.get("kernel") or spec.get("kernelRelease") or a.kernel,
-        "gcc": root.get("gcc"),
+        "driverVersion": status.get("driverVersion") or spec.get("driverVersion") or upstream(pkg_version),
+        "kernel": spec.get("kernelRelease") or spec.get("kernel") or a.kernel,
+        "gcc": ((status.get("compiler") or {}).get("version")) or root.get("gcc"),
         "source": a.source,
         "sourcePackage": f"{pkg} {pkg_version}",
         "headersPackage": f"{headers} {root['packages'].get(headers, '?')}",
         "modules": [m.get("name") for m in status.get("modules") or [] if isinstance(m, dict)],
         "artifact": status.get("artifact"),
+        "timings": status.get("timings") or {},
         "logExcerpt": (status.get("logExcerpt") or "")[-2000:],
         "builderRoot": {"suite": root["suite"], "key": root["key"], "created": root["created"]},
         "measured": now(),
@@ -89,7 +90,7 @@ def record(a):
     with open(os.path.join(a.work, f"{a.pair}.record.json"), "w") as f:
         json.dump(rec, f, indent=2)
     print(f"{rec['pair']}: {rec['phase']} {rec['reason']} in {rec['wallSeconds']} s "
-          f"(exit {a.exit_code}) {rec['message'][:200]}", file=sys.stderr)
+          f"(exit {a.exit_code}) {((rec['message'] or '').splitlines() or [''])[0][:200]}", file=sys.stderr)
 
 
 def load_expect(path):
@@ -162,8 +163,10 @@ def markdown(results, jobs, expect_path):
         for r in notes:
             lines.append(f"**{r['pair']}** — `{r['reason']}`"
                          + (f" ({r['verdictNote']})" if r.get("verdictNote") else "") + ":")
-            lines += ["", "```", (r["message"] or "").strip()[:1500], "```"]
-    lines += ["", "## Packages", "", "| root | source package | headers package | root made |", "|---|---|---|---|"]
+            lines += ["", "```", (r["message"] or "").strip()[:1500], "```", ""]
+            if r["phase"] == "NoResult" and r.get("logExcerpt"):
+                lines += ["Installer log (tail):", "", "```", r["logExcerpt"][-1500:], "```", ""]
+    lines += ["## Packages" if lines[-1] == "" else "\n## Packages", "", "| root | source package | headers package | root made |", "|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['suite']}/{r['flavor']} | {r['sourcePackage']} | {r['headersPackage']} "
                      f"| {r['builderRoot']['created'][:10]} (key {r['builderRoot']['key']}) |")
