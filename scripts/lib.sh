@@ -53,3 +53,7 @@ TEST_TOOLS=(file:file chroot:coreutils makeself:makeself xz:xz-utils bzip2:bzip2
   zstd:zstd cksum:coreutils dpkg-deb:dpkg dpkg-scanpackages:dpkg-dev gzip:gzip
   gcc:gcc make:make /usr/include/stdio.h:libc6-dev
   /usr/lib/x86_64-linux-gnu/libelf.so.1:libelf1 /usr/lib/x86_64-linux-gnu/libcrypto.so.3:libssl3)
+
+# What scripts/builder-root, scripts/matrix and scripts/bench-build need.
+ROOT_TOOLS=(debootstrap:debootstrap flock:util-linux mountpoint:util-linux
+  python3:python3 timeout:coreutils)
