@@ -17,8 +17,11 @@ use crate::fetch::{
     self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
 };
 use crate::host::{HostRoot, HostRootSource};
+use crate::load::{self, InstallOptions, UninstallOptions};
 use crate::report::{self, Kind, Outcome, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
+use crate::run::{RunResult, RunSpec, Steps};
+use crate::verify::{self, VerifyOptions};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -71,8 +74,79 @@ pub enum Command {
     Resolve(PlanArgs),
     /// Download the plan's package (or --url) into the cache, verified.
     Fetch(FetchArgs),
+    /// Load a build artifact's modules (vermagic checked first), place the
+    /// driver root, create device nodes.
+    Install(InstallArgs),
+    /// Unload NVIDIA's modules (or --module NAME ...), holders first.
+    Uninstall(UninstallArgs),
+    /// Run the installed nvidia-smi and compare with detect.
+    Verify(VerifyArgs),
+    /// The Job: detect, resolve, fetch, build, install, verify.
+    Run(RunArgs),
     /// Print the JSON Schema of every result document.
     Schema,
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    /// The build artifact: a .tar.zst (or other tar) or a directory holding
+    /// manifest.json, modules/*.ko and optional firmware/.
+    #[arg(long, value_name = "PATH")]
+    pub artifact: PathBuf,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// Module parameters: `module key=value ...` lines.
+    #[arg(long, value_name = "PATH")]
+    pub module_params: Option<PathBuf>,
+    /// Do not load nvidia-drm even if the artifact has it.
+    #[arg(long)]
+    pub no_drm: bool,
+    /// Load nvidia-peermem too (needs the InfiniBand stack, ib_core).
+    #[arg(long)]
+    pub peermem: bool,
+    /// Try to unload another loaded driver version even when it looks in
+    /// use (the kernel still refuses a module with users).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UninstallArgs {
+    /// Module to unload (repeatable). Default: NVIDIA's stack.
+    #[arg(long = "module", value_name = "NAME")]
+    pub modules: Vec<String>,
+    /// Try the unload even when the module looks in use.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// nvidia-smi to run. Default: <host-root>/var/lib/gpu-driver/drivers/current/bin/nvidia-smi.
+    #[arg(long, value_name = "PATH")]
+    pub nvidia_smi: Option<PathBuf>,
+    /// Expected driver version. Default: the current driver root's manifest.
+    #[arg(long, value_name = "VERSION")]
+    pub driver_version: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Install this prebuilt artifact instead of resolving, fetching and
+    /// building.
+    #[arg(long, value_name = "PATH")]
+    pub artifact: Option<PathBuf>,
+    /// nvidia-smi for the verify step (see verify --nvidia-smi).
+    #[arg(long, value_name = "PATH")]
+    pub nvidia_smi: Option<PathBuf>,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub fetch: FetchArgs,
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +263,38 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let doc = run_fetch(g, args);
             deliver(g, Kind::FetchResult, &doc)
         }
+        Command::Install(args) => {
+            let root = host_root(g);
+            let doc = load::install(&install_options(
+                g,
+                &root,
+                args.artifact.clone(),
+                &args.load,
+            ));
+            deliver(g, Kind::InstallResult, &doc)
+        }
+        Command::Uninstall(args) => {
+            let root = host_root(g);
+            let doc = load::uninstall(&UninstallOptions {
+                root: &root,
+                modules: args.modules.clone(),
+                force: args.force,
+            });
+            deliver(g, Kind::InstallResult, &doc)
+        }
+        Command::Verify(args) => {
+            let root = host_root(g);
+            let doc = verify::verify(&VerifyOptions {
+                root: &root,
+                nvidia_smi: args.nvidia_smi.clone(),
+                driver_version: args.driver_version.clone(),
+            });
+            deliver(g, Kind::VerifyResult, &doc)
+        }
+        Command::Run(args) => {
+            let doc = run_job(g, args);
+            deliver(g, Kind::RunResult, &doc)
+        }
         Command::Resolve(args) => {
             let root = host_root(g);
             let doc = match load_catalog(g) {
@@ -205,6 +311,88 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             deliver(g, Kind::InstallPlan, &doc)
         }
     }
+}
+
+fn install_options<'a>(
+    g: &GlobalArgs,
+    root: &'a HostRoot,
+    artifact: PathBuf,
+    load: &LoadArgs,
+) -> InstallOptions<'a> {
+    InstallOptions {
+        root,
+        artifact,
+        kernel_release: g.kernel_release.clone(),
+        module_params: load.module_params.clone(),
+        drm: !load.no_drm,
+        peermem: load.peermem,
+        force: load.force,
+    }
+}
+
+/// `run`: each step's document goes to stderr; the RunResult summarizes.
+fn run_job(g: &GlobalArgs, args: &RunArgs) -> RunResult {
+    let root = host_root(g);
+    let spec = RunSpec {
+        host_root: root.path().display().to_string(),
+        artifact: args.artifact.as_ref().map(|p| p.display().to_string()),
+        driver_version: args.fetch.plan.driver_version.clone(),
+    };
+    let mut steps = Steps::new();
+    let (catalog, label) = match load_catalog(g) {
+        Ok(c) => c,
+        Err(e) => return steps.finish(spec, Some(Outcome::from_error(&e))),
+    };
+    let report = detect::detect(&DetectOptions {
+        root: &root,
+        catalog: &catalog,
+        kernel_release: g.kernel_release.clone(),
+    });
+    if !steps.push(Kind::HostReport, &report) {
+        return steps.finish(spec, None);
+    }
+    let artifact = match &args.artifact {
+        Some(a) => a.clone(),
+        None => {
+            let plan = resolve::resolve(&ResolveOptions {
+                root: &root,
+                catalog: &catalog,
+                catalog_label: label,
+                kernel_release: g.kernel_release.clone(),
+                driver_version: args.fetch.plan.driver_version.clone(),
+                flavor: args.fetch.plan.flavor,
+            });
+            if !steps.push(Kind::InstallPlan, &plan) {
+                return steps.finish(spec, None);
+            }
+            let fetched = run_fetch(g, &args.fetch);
+            if !steps.push(Kind::FetchResult, &fetched) {
+                return steps.finish(spec, None);
+            }
+            // The build command is not on this branch's base yet.
+            return steps.finish(
+                spec,
+                Some(Outcome::new(
+                    Reason::InvalidArgument,
+                    format!(
+                        "fetched {}, but this installer has no build step yet: pass --artifact with modules built for this kernel",
+                        fetched.status.path.as_deref().unwrap_or("the package")
+                    ),
+                )),
+            );
+        }
+    };
+    let installed = load::install(&install_options(g, &root, artifact, &args.load));
+    if !steps.push(Kind::InstallResult, &installed) {
+        return steps.finish(spec, None);
+    }
+    let verified = verify::verify(&VerifyOptions {
+        root: &root,
+        nvidia_smi: args.nvidia_smi.clone(),
+        driver_version: installed.status.driver_version.clone(),
+    });
+    steps.push(Kind::VerifyResult, &verified);
+    steps.finish(spec, None)
 }
 
 fn run_fetch(g: &GlobalArgs, args: &FetchArgs) -> FetchResult {

@@ -8,10 +8,14 @@ pub mod detect;
 pub mod error;
 pub mod extract;
 pub mod host;
+pub mod load;
+pub mod modinfo;
 pub mod report;
 pub mod resolve;
+pub mod run;
 mod runfile;
 pub mod schema;
+pub mod verify;
 
 pub use error::{Error, Result};
 pub use report::Reason;

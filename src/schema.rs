@@ -7,8 +7,11 @@ use schemars::JsonSchema;
 use crate::detect::HostReport;
 use crate::error::{Error, Result};
 use crate::fetch::FetchResult;
+use crate::load::InstallResult;
 use crate::report::Reason;
 use crate::resolve::InstallPlan;
+use crate::run::RunResult;
+use crate::verify::VerifyResult;
 
 /// Any result document; the `kind` field tells which.
 #[allow(dead_code, clippy::large_enum_variant)] // only its schema is used
@@ -18,6 +21,9 @@ enum AnyResult {
     HostReport(HostReport),
     InstallPlan(InstallPlan),
     FetchResult(FetchResult),
+    InstallResult(InstallResult),
+    VerifyResult(VerifyResult),
+    RunResult(RunResult),
 }
 
 pub const COMMITTED_PATH: &str = "schema/results.v1alpha1.json";
