@@ -44,3 +44,9 @@ ensure_tools() {
 # source tarball for the extraction tests.
 TEST_TOOLS=(file:file chroot:coreutils makeself:makeself xz:xz-utils bzip2:bzip2
   zstd:zstd cksum:coreutils dpkg-deb:dpkg)
+
+# What scripts/vm-test needs on top: QEMU boots the kernel, busybox-static
+# and cpio make the initramfs, gcc/make build the test module, strip (and
+# strings) come from binutils.
+VM_TOOLS=(qemu-system-x86_64:qemu-system-x86 busybox:busybox-static cpio:cpio
+  gcc:gcc make:make strip:binutils)

@@ -809,7 +809,7 @@ pub fn install_failed(spec: InstallSpec, outcome: Outcome) -> InstallResult {
 
 struct Selected {
     info: ModInfo,
-    path: PathBuf,
+    /// Path inside the artifact (and the driver root).
     rel: String,
 }
 
@@ -856,7 +856,6 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
             modinfo::read_modinfo(&path).map_err(|e| Error::new(Reason::ArtifactInvalid, e.0))?;
         all.push(Selected {
             info,
-            path,
             rel: entry.file.clone(),
         });
     }
@@ -1042,9 +1041,11 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
                 format!("parameters of {name} contain NUL"),
             )
         })?;
-        let file = File::open(&m.path).map_err(|e| Error::io(LOCAL_IO, "opening", &m.path, e))?;
+        // From the driver root: the staging directory was renamed to it.
+        let path = final_dir.join(&m.rel);
+        let file = File::open(&path).map_err(|e| Error::io(LOCAL_IO, "opening", &path, e))?;
         let mut log = KernelLog::open(&kmsg);
-        tracing::info!("loading {name} from {}", m.path.display());
+        tracing::info!("loading {name} from {}", path.display());
         match nix::kmod::finit_module(&file, &cparam, ModuleInitFlags::empty()) {
             Ok(()) | Err(Errno::EEXIST) => {
                 loaded_now.push(name.clone());
