@@ -122,7 +122,7 @@ fn file_module_name(path: &Path) -> String {
 }
 
 fn read_vec(src: &dyn Source, offset: u64, len: u64, what: &str) -> Result<Vec<u8>, String> {
-    let end = offset
+    offset
         .checked_add(len)
         .filter(|&e| e <= src.len())
         .ok_or_else(|| {
@@ -131,7 +131,6 @@ fn read_vec(src: &dyn Source, offset: u64, len: u64, what: &str) -> Result<Vec<u
                 src.len()
             )
         })?;
-    let _ = end;
     let n = usize::try_from(len).map_err(|_| format!("{what} is too large"))?;
     let mut buf = vec![0u8; n];
     src.read_at(offset, &mut buf)
