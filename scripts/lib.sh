@@ -57,3 +57,9 @@ TEST_TOOLS=(file:file chroot:coreutils makeself:makeself xz:xz-utils bzip2:bzip2
 # What scripts/builder-root, scripts/matrix and scripts/bench-build need.
 ROOT_TOOLS=(debootstrap:debootstrap flock:util-linux mountpoint:util-linux
   python3:python3 timeout:coreutils)
+
+# What scripts/vm-test needs on top: QEMU boots the kernel, busybox-static
+# and cpio make the initramfs, gcc/make build the test module, strip (and
+# strings) come from binutils.
+VM_TOOLS=(qemu-system-x86_64:qemu-system-x86 busybox:busybox-static cpio:cpio
+  gcc:gcc make:make strip:binutils)

@@ -18,8 +18,11 @@ use crate::fetch::{
     self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
 };
 use crate::host::{HostRoot, HostRootSource, ModuleFlavor};
+use crate::load::{self, InstallOptions, UninstallOptions};
 use crate::report::{self, Kind, Outcome, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
+use crate::run::{RunResult, RunSpec, Steps};
+use crate::verify::{self, VerifyOptions};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -75,8 +78,79 @@ pub enum Command {
     /// Compile the kernel modules of a driver package for a kernel and
     /// package them (modules, firmware, manifest) into one file.
     Build(BuildArgs),
+    /// Load a build artifact's modules (vermagic checked first), place the
+    /// driver root, create device nodes.
+    Install(InstallArgs),
+    /// Unload NVIDIA's modules (or --module NAME ...), holders first.
+    Uninstall(UninstallArgs),
+    /// Run the installed nvidia-smi and compare with detect.
+    Verify(VerifyArgs),
+    /// The Job: detect, resolve, fetch, build, install, verify.
+    Run(RunArgs),
     /// Print the JSON Schema of every result document.
     Schema,
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    /// The build artifact: a .tar.zst (or other tar) or a directory holding
+    /// manifest.json, modules/*.ko and optional firmware/.
+    #[arg(long, value_name = "PATH")]
+    pub artifact: PathBuf,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// Module parameters: `module key=value ...` lines.
+    #[arg(long, value_name = "PATH")]
+    pub module_params: Option<PathBuf>,
+    /// Do not load nvidia-drm even if the artifact has it.
+    #[arg(long)]
+    pub no_drm: bool,
+    /// Load nvidia-peermem too (needs the InfiniBand stack, ib_core).
+    #[arg(long)]
+    pub peermem: bool,
+    /// Try to unload another loaded driver version even when it looks in
+    /// use (the kernel still refuses a module with users).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UninstallArgs {
+    /// Module to unload (repeatable). Default: NVIDIA's stack.
+    #[arg(long = "module", value_name = "NAME")]
+    pub modules: Vec<String>,
+    /// Try the unload even when the module looks in use.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// nvidia-smi to run. Default: <host-root>/var/lib/gpu-driver/drivers/current/bin/nvidia-smi.
+    #[arg(long, value_name = "PATH")]
+    pub nvidia_smi: Option<PathBuf>,
+    /// Expected driver version. Default: the current driver root's manifest.
+    #[arg(long, value_name = "VERSION")]
+    pub driver_version: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Install this prebuilt artifact instead of resolving, fetching and
+    /// building.
+    #[arg(long, value_name = "PATH")]
+    pub artifact: Option<PathBuf>,
+    /// nvidia-smi for the verify step (see verify --nvidia-smi).
+    #[arg(long, value_name = "PATH")]
+    pub nvidia_smi: Option<PathBuf>,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub fetch: FetchArgs,
 }
 
 #[derive(Debug, Args)]
@@ -249,6 +323,38 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let doc = run_build(g, args);
             deliver(g, Kind::BuildResult, &doc)
         }
+        Command::Install(args) => {
+            let root = host_root(g);
+            let doc = load::install(&install_options(
+                g,
+                &root,
+                args.artifact.clone(),
+                &args.load,
+            ));
+            deliver(g, Kind::InstallResult, &doc)
+        }
+        Command::Uninstall(args) => {
+            let root = host_root(g);
+            let doc = load::uninstall(&UninstallOptions {
+                root: &root,
+                modules: args.modules.clone(),
+                force: args.force,
+            });
+            deliver(g, Kind::InstallResult, &doc)
+        }
+        Command::Verify(args) => {
+            let root = host_root(g);
+            let doc = verify::verify(&VerifyOptions {
+                root: &root,
+                nvidia_smi: args.nvidia_smi.clone(),
+                driver_version: args.driver_version.clone(),
+            });
+            deliver(g, Kind::VerifyResult, &doc)
+        }
+        Command::Run(args) => {
+            let doc = run_job(g, args);
+            deliver(g, Kind::RunResult, &doc)
+        }
         Command::Resolve(args) => {
             let root = host_root(g);
             let doc = match load_catalog(g) {
@@ -297,16 +403,164 @@ fn run_build(g: &GlobalArgs, args: &BuildArgs) -> BuildResult {
     }
 }
 
-fn run_fetch(g: &GlobalArgs, args: &FetchArgs) -> FetchResult {
+/// Where `run` keeps what it builds and the headers it downloads, on the
+/// host, so that a rerun after a crash finds them.
+const BUILD_CACHE: &str = "/var/cache/gpu-driver/builds";
+const HEADERS_CACHE: &str = "/var/cache/gpu-driver/headers";
+
+/// `run`'s build step: the fetched package, compiled for the plan's kernel
+/// with the plan's flavor, against installed headers or the headers package
+/// from the OS's repository.
+fn run_build_step(
+    root: &HostRoot,
+    plan: &InstallPlan,
+    fetched: &FetchResult,
+    fetch_args: &FetchArgs,
+) -> BuildResult {
+    let st = &plan.status;
+    let release = st.kernel_release.clone().unwrap_or_default();
+    let mut opts = BuildOptions {
+        source: PathBuf::from(fetched.status.path.clone().unwrap_or_default()),
+        kernel_release: release.clone(),
+        headers: None,
+        root: root.clone(),
+        flavor: st.module_flavor.unwrap_or(ModuleFlavor::Proprietary),
+        out_dir: root.join(BUILD_CACHE),
+        work_dir: None,
+        keep_work: false,
+        jobs: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        driver_version: st.driver_version.clone(),
+    };
+    if let Some(h) = &st.headers {
+        match h.source {
+            resolve::HeadersSource::Installed => {
+                opts.headers = h.path.as_ref().map(|p| root.join(p));
+            }
+            resolve::HeadersSource::Package => {
+                let fetch_opts = fetch_options(root, fetch_args);
+                let scratch = root.join(HEADERS_CACHE).join(&release);
+                let tree = if scratch.join("usr/src").is_dir() {
+                    // Downloaded by an earlier run: the tree is renamed into
+                    // place only when complete.
+                    Ok(scratch
+                        .join("usr/src")
+                        .join(format!("linux-headers-{release}")))
+                } else {
+                    crate::headers::fetch_headers(
+                        h.repository.as_deref().unwrap_or_default(),
+                        h.suite.as_deref().unwrap_or_default(),
+                        &release,
+                        &fetch_opts,
+                        &scratch,
+                    )
+                    .map(|t| t.arch_dir)
+                };
+                match tree {
+                    Ok(dir) => opts.headers = Some(dir),
+                    Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+                }
+            }
+        }
+    }
+    build::build(&opts)
+}
+
+fn install_options<'a>(
+    g: &GlobalArgs,
+    root: &'a HostRoot,
+    artifact: PathBuf,
+    load: &LoadArgs,
+) -> InstallOptions<'a> {
+    InstallOptions {
+        root,
+        artifact,
+        kernel_release: g.kernel_release.clone(),
+        module_params: load.module_params.clone(),
+        drm: !load.no_drm,
+        peermem: load.peermem,
+        force: load.force,
+    }
+}
+
+/// `run`: each step's document goes to stderr; the RunResult summarizes.
+fn run_job(g: &GlobalArgs, args: &RunArgs) -> RunResult {
     let root = host_root(g);
-    let cache_dir = args
-        .cache_dir
-        .clone()
-        .unwrap_or_else(|| root.join(DEFAULT_PACKAGE_CACHE));
-    let opts = FetchOptions {
+    let spec = RunSpec {
+        host_root: root.path().display().to_string(),
+        artifact: args.artifact.as_ref().map(|p| p.display().to_string()),
+        driver_version: args.fetch.plan.driver_version.clone(),
+    };
+    let mut steps = Steps::new();
+    let (catalog, label) = match load_catalog(g) {
+        Ok(c) => c,
+        Err(e) => return steps.finish(spec, Some(Outcome::from_error(&e))),
+    };
+    let report = detect::detect(&DetectOptions {
+        root: &root,
+        catalog: &catalog,
+        kernel_release: g.kernel_release.clone(),
+    });
+    if !steps.push(Kind::HostReport, &report) {
+        return steps.finish(spec, None);
+    }
+    let artifact = match &args.artifact {
+        Some(a) => a.clone(),
+        None => {
+            let plan = resolve::resolve(&ResolveOptions {
+                root: &root,
+                catalog: &catalog,
+                catalog_label: label,
+                kernel_release: g.kernel_release.clone(),
+                driver_version: args.fetch.plan.driver_version.clone(),
+                flavor: args.fetch.plan.flavor,
+            });
+            if !steps.push(Kind::InstallPlan, &plan) {
+                return steps.finish(spec, None);
+            }
+            let fetched = run_fetch(g, &args.fetch);
+            if !steps.push(Kind::FetchResult, &fetched) {
+                return steps.finish(spec, None);
+            }
+            let built = run_build_step(&root, &plan, &fetched, &args.fetch);
+            if !steps.push(Kind::BuildResult, &built) {
+                return steps.finish(spec, None);
+            }
+            match &built.status.artifact {
+                Some(a) => PathBuf::from(a),
+                None => {
+                    return steps.finish(
+                        spec,
+                        Some(Outcome::new(
+                            Reason::Internal,
+                            "build succeeded without an artifact",
+                        )),
+                    );
+                }
+            }
+        }
+    };
+    let installed = load::install(&install_options(g, &root, artifact, &args.load));
+    if !steps.push(Kind::InstallResult, &installed) {
+        return steps.finish(spec, None);
+    }
+    let verified = verify::verify(&VerifyOptions {
+        root: &root,
+        nvidia_smi: args.nvidia_smi.clone(),
+        driver_version: installed.status.driver_version.clone(),
+    });
+    steps.push(Kind::VerifyResult, &verified);
+    steps.finish(spec, None)
+}
+
+/// The network policy of `fetch`, shared by every download of a run.
+fn fetch_options(root: &HostRoot, args: &FetchArgs) -> FetchOptions {
+    FetchOptions {
         urls: Vec::new(),
         sha256: String::new(),
-        cache_dir,
+        cache_dir: args
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| root.join(DEFAULT_PACKAGE_CACHE)),
         offline: args.offline,
         allow_http: args.allow_http,
         retry: RetryPolicy {
@@ -320,7 +574,12 @@ fn run_fetch(g: &GlobalArgs, args: &FetchArgs) -> FetchResult {
         },
         ca_bundle: args.ca_bundle.clone(),
         progress_bar: true,
-    };
+    }
+}
+
+fn run_fetch(g: &GlobalArgs, args: &FetchArgs) -> FetchResult {
+    let root = host_root(g);
+    let opts = fetch_options(&root, args);
     let flag_sum = args
         .sha256
         .as_ref()

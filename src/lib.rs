@@ -12,11 +12,14 @@ pub mod error;
 pub mod extract;
 pub mod headers;
 pub mod host;
+pub mod load;
 pub mod modinfo;
 pub mod report;
 pub mod resolve;
+pub mod run;
 mod runfile;
 pub mod schema;
+pub mod verify;
 
 pub use error::{Error, Result};
 pub use report::Reason;

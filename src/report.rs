@@ -88,6 +88,33 @@ pub enum Reason {
     KernelApiMismatch,
     /// The compile failed for another reason; the log excerpt says why.
     BuildFailed,
+    /// `install`: the artifact's modules are loaded and the driver root is
+    /// in place.
+    Installed,
+    /// `install`: the same driver version is already loaded; nothing was
+    /// reloaded.
+    AlreadyInstalled,
+    /// `uninstall`: the modules are unloaded (or were not loaded).
+    Uninstalled,
+    /// `install`/`uninstall` needs root (CAP_SYS_MODULE).
+    NotRoot,
+    /// The artifact is malformed: no manifest, a file missing, a sha256
+    /// that differs from the manifest's, a module without `.modinfo`.
+    ArtifactInvalid,
+    /// A module's vermagic names another kernel release than the running
+    /// one; refused before anything is loaded.
+    VermagicMismatch,
+    /// The kernel refused a module; the message quotes the errno and the
+    /// kernel's own log lines.
+    ModuleLoadFailed,
+    /// The kernel refused to unload a module.
+    ModuleUnloadFailed,
+    /// Another driver version (or nouveau) is loaded and in use.
+    DriverInUse,
+    /// `verify`: nvidia-smi sees every GPU with the expected driver version.
+    Verified,
+    /// `verify`: nvidia-smi is missing, failed, or disagrees with detect.
+    VerifyFailed,
     /// A bug: something that should not happen did.
     Internal,
 }
@@ -104,6 +131,8 @@ pub enum ReasonClass {
     Resolve,
     Fetch,
     Build,
+    Install,
+    Verify,
 }
 
 impl Reason {
@@ -135,14 +164,30 @@ impl Reason {
         Reason::ProcNotMounted,
         Reason::KernelApiMismatch,
         Reason::BuildFailed,
+        Reason::Installed,
+        Reason::AlreadyInstalled,
+        Reason::Uninstalled,
+        Reason::NotRoot,
+        Reason::ArtifactInvalid,
+        Reason::VermagicMismatch,
+        Reason::ModuleLoadFailed,
+        Reason::ModuleUnloadFailed,
+        Reason::DriverInUse,
+        Reason::Verified,
+        Reason::VerifyFailed,
         Reason::Internal,
     ];
 
     pub fn class(self) -> ReasonClass {
         match self {
-            Reason::Detected | Reason::Resolved | Reason::Fetched | Reason::Built => {
-                ReasonClass::Success
-            }
+            Reason::Detected
+            | Reason::Resolved
+            | Reason::Fetched
+            | Reason::Built
+            | Reason::Installed
+            | Reason::AlreadyInstalled
+            | Reason::Uninstalled
+            | Reason::Verified => ReasonClass::Success,
             Reason::NoGpu => ReasonClass::Skip,
             Reason::Internal => ReasonClass::Internal,
             Reason::InvalidArgument | Reason::CatalogInvalid => ReasonClass::Usage,
@@ -165,6 +210,13 @@ impl Reason {
             | Reason::ProcNotMounted
             | Reason::KernelApiMismatch
             | Reason::BuildFailed => ReasonClass::Build,
+            Reason::NotRoot
+            | Reason::ArtifactInvalid
+            | Reason::VermagicMismatch
+            | Reason::ModuleLoadFailed
+            | Reason::ModuleUnloadFailed
+            | Reason::DriverInUse => ReasonClass::Install,
+            Reason::VerifyFailed => ReasonClass::Verify,
         }
     }
 
@@ -209,6 +261,17 @@ impl Reason {
             Reason::ProcNotMounted => "ProcNotMounted",
             Reason::KernelApiMismatch => "KernelApiMismatch",
             Reason::BuildFailed => "BuildFailed",
+            Reason::Installed => "Installed",
+            Reason::AlreadyInstalled => "AlreadyInstalled",
+            Reason::Uninstalled => "Uninstalled",
+            Reason::NotRoot => "NotRoot",
+            Reason::ArtifactInvalid => "ArtifactInvalid",
+            Reason::VermagicMismatch => "VermagicMismatch",
+            Reason::ModuleLoadFailed => "ModuleLoadFailed",
+            Reason::ModuleUnloadFailed => "ModuleUnloadFailed",
+            Reason::DriverInUse => "DriverInUse",
+            Reason::Verified => "Verified",
+            Reason::VerifyFailed => "VerifyFailed",
             Reason::Internal => "Internal",
         }
     }
@@ -226,6 +289,8 @@ impl ReasonClass {
             ReasonClass::Resolve => 11,
             ReasonClass::Fetch => 12,
             ReasonClass::Build => 13,
+            ReasonClass::Install => 14,
+            ReasonClass::Verify => 15,
         }
     }
 }
@@ -265,6 +330,9 @@ pub enum Kind {
     InstallPlan,
     FetchResult,
     BuildResult,
+    InstallResult,
+    VerifyResult,
+    RunResult,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

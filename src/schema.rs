@@ -8,8 +8,11 @@ use crate::build::BuildResult;
 use crate::detect::HostReport;
 use crate::error::{Error, Result};
 use crate::fetch::FetchResult;
+use crate::load::InstallResult;
 use crate::report::Reason;
 use crate::resolve::InstallPlan;
+use crate::run::RunResult;
+use crate::verify::VerifyResult;
 
 /// Any result document; the `kind` field tells which.
 #[allow(dead_code, clippy::large_enum_variant)] // only its schema is used
@@ -20,6 +23,9 @@ enum AnyResult {
     InstallPlan(InstallPlan),
     FetchResult(FetchResult),
     BuildResult(BuildResult),
+    InstallResult(InstallResult),
+    VerifyResult(VerifyResult),
+    RunResult(RunResult),
 }
 
 pub const COMMITTED_PATH: &str = "schema/results.v1alpha1.json";

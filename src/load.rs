@@ -1,0 +1,1396 @@
+//! `install` and `uninstall`: put a build artifact's modules into the running
+//! kernel, safely.
+//!
+//! Order of events for `install`:
+//!
+//! 1. preflight: root (`NotRoot`); the host lock
+//!    `<host-root>/run/gpu-driver/install.lock` (flock) so two installers
+//!    never race;
+//! 2. the artifact (a `.tar.zst`/`.tar*` or a directory holding
+//!    `manifest.json`, `modules/*.ko`, optional `firmware/`) is unpacked into
+//!    a staging directory beside the driver roots and every file's sha256 is
+//!    checked against the manifest (`ArtifactInvalid`);
+//! 3. every module's vermagic (read from its `.modinfo` in Rust) must name
+//!    the running kernel release, else `VermagicMismatch` — before anything
+//!    is loaded or placed;
+//! 4. `/proc/modules`: the same version already loaded → `AlreadyInstalled`,
+//!    nothing reloaded; another version (or nouveau) loaded and unused →
+//!    unloaded in reverse dependency order; in use → `DriverInUse` unless
+//!    `--force`;
+//! 5. the staging directory is renamed to the versioned driver root
+//!    `<host-root>/var/lib/gpu-driver/drivers/<version>-<flavor>-<release>`;
+//! 6. firmware path, then `finit_module` in dependency order (nvidia,
+//!    nvidia-uvm, nvidia-modeset, nvidia-drm, nvidia-peermem with
+//!    `--peermem`), with parameters from `--module-params`. A refusal reads
+//!    the kernel's log records written since the attempt from `/dev/kmsg`
+//!    and quotes them; modules loaded earlier in the same run are unloaded
+//!    again, so a failed install leaves the kernel as it found it;
+//! 7. device nodes from `/proc/devices`, then the `current` symlink is
+//!    switched by rename.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::kmod::{DeleteModuleFlags, ModuleInitFlags};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::host::{self, HostRoot, ModuleFlavor, PciRole};
+use crate::modinfo::{self, ModInfo};
+use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
+
+/// Versioned driver roots, relative to the host root.
+pub const DRIVERS_DIR: &str = "/var/lib/gpu-driver/drivers";
+/// The host lock every installer takes before touching modules.
+pub const LOCK_PATH: &str = "/run/gpu-driver/install.lock";
+/// NVIDIA's modules in load order; unloading goes the other way.
+pub const NVIDIA_STACK: &[&str] = &[
+    "nvidia",
+    "nvidia_uvm",
+    "nvidia_modeset",
+    "nvidia_drm",
+    "nvidia_peermem",
+];
+/// NVIDIA's fixed character major (`NV_MAJOR_DEVICE_NUMBER`).
+pub const NVIDIA_MAJOR: u32 = 195;
+const NVIDIACTL_MINOR: u32 = 255;
+const NVIDIA_MODESET_MINOR: u32 = 254;
+
+const LOCAL_IO: Reason = Reason::Internal;
+
+// ------------------------------------------------------------ documents
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Action {
+    Install,
+    Uninstall,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstallSpec {
+    pub action: Action,
+    pub host_root: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<String>,
+    /// `--kernel-release`, when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_release_override: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_params: Option<String>,
+    /// `uninstall --module`: the modules asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<String>,
+    pub drm: bool,
+    pub peermem: bool,
+    pub force: bool,
+}
+
+/// What happened to one module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ModuleAction {
+    /// Loaded by this run.
+    Loaded,
+    /// The same version was already loaded; left alone.
+    AlreadyLoaded,
+    /// In the artifact but not selected (`--peermem` not given, `--no-drm`).
+    Skipped,
+    /// Not attempted: an earlier step failed.
+    NotLoaded,
+    /// The kernel refused it.
+    Failed,
+    /// Loaded by this run, then unloaded again after a later failure.
+    RolledBack,
+    /// Unloaded (`uninstall`, or an older version replaced).
+    Unloaded,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleState {
+    /// Kernel module name (`nvidia_uvm`).
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vermagic: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    pub action: ModuleAction,
+    /// Parameters passed to the kernel.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params: Option<String>,
+    /// `ENODEV`, when the kernel refused it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errno: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UserSpace {
+    pub present: bool,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstallStatus {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_release: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flavor: Option<ModuleFlavor>,
+    /// The versioned driver root, as the host sees it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_root: Option<String>,
+    #[serde(default)]
+    pub modules: Vec<ModuleState>,
+    /// Modules of another version (or nouveau) unloaded first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaced: Vec<String>,
+    /// Device nodes created or found correct, as the host sees them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<String>,
+    /// What was written to `/sys/module/firmware_class/parameters/path`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firmware_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_space: Option<UserSpace>,
+    /// Kernel log records written during a failed load (`/dev/kmsg`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel_log: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl InstallStatus {
+    fn new() -> Self {
+        InstallStatus {
+            outcome: Outcome::new(Reason::Internal, "install did not finish"),
+            kernel_release: None,
+            driver_version: None,
+            flavor: None,
+            driver_root: None,
+            modules: Vec::new(),
+            replaced: Vec::new(),
+            device_nodes: Vec::new(),
+            firmware_path: None,
+            user_space: None,
+            kernel_log: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+}
+
+pub type InstallResult = Document<InstallSpec, InstallStatus>;
+
+impl ResultDocument for InstallResult {
+    fn outcome(&self) -> &Outcome {
+        &self.status.outcome
+    }
+}
+
+pub struct InstallOptions<'a> {
+    pub root: &'a HostRoot,
+    pub artifact: PathBuf,
+    pub kernel_release: Option<String>,
+    pub module_params: Option<PathBuf>,
+    pub drm: bool,
+    pub peermem: bool,
+    pub force: bool,
+}
+
+pub struct UninstallOptions<'a> {
+    pub root: &'a HostRoot,
+    /// Module names; empty: NVIDIA's stack.
+    pub modules: Vec<String>,
+    pub force: bool,
+}
+
+// ------------------------------------------------------------ manifest
+
+/// The parts of the build artifact's `manifest.json` that install reads
+/// (the build command writes more; unknown fields are ignored).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    pub driver_version: String,
+    pub flavor: ModuleFlavor,
+    pub kernel_release: String,
+    pub modules: Vec<ManifestEntry>,
+    #[serde(default)]
+    pub firmware: Vec<ManifestEntry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestEntry {
+    /// Path inside the artifact (`modules/nvidia.ko`).
+    pub file: String,
+    pub sha256: String,
+}
+
+/// Reads `manifest.json` and checks every listed file's sha256.
+pub fn check_artifact(dir: &Path) -> Result<Manifest> {
+    let path = dir.join("manifest.json");
+    let text = fs::read_to_string(&path).map_err(|e| {
+        Error::io(Reason::ArtifactInvalid, "reading", &path, e)
+            .with_hint("a build artifact holds manifest.json, modules/*.ko and optional firmware/")
+    })?;
+    let manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|e| Error::new(Reason::ArtifactInvalid, format!("{}: {e}", path.display())))?;
+    if manifest.modules.is_empty() {
+        return Err(Error::new(
+            Reason::ArtifactInvalid,
+            format!("{} lists no modules", path.display()),
+        ));
+    }
+    for entry in manifest.modules.iter().chain(&manifest.firmware) {
+        let rel = Path::new(&entry.file);
+        if !rel
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(Error::new(
+                Reason::ArtifactInvalid,
+                format!("manifest entry {:?} is not a relative path", entry.file),
+            ));
+        }
+        let file = dir.join(rel);
+        if !file.is_file() {
+            return Err(Error::new(
+                Reason::ArtifactInvalid,
+                format!("{} is listed in the manifest but missing", entry.file),
+            ));
+        }
+        let (sum, _) = crate::fetch::hash_file(&file)
+            .map_err(|e| Error::new(Reason::ArtifactInvalid, e.message))?;
+        if !sum.eq_ignore_ascii_case(&entry.sha256) {
+            return Err(Error::new(
+                Reason::ArtifactInvalid,
+                format!(
+                    "{}: sha256 {sum} differs from the manifest's {}",
+                    entry.file, entry.sha256
+                ),
+            ));
+        }
+    }
+    Ok(manifest)
+}
+
+// ------------------------------------------------------------ module params
+
+/// `--module-params`: `module key=value [key=value …]` lines; `#` starts a
+/// comment. Module names are normalized (`nvidia-drm` → `nvidia_drm`); lines
+/// for the same module add up.
+pub fn parse_module_params(text: &str) -> Result<BTreeMap<String, String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let module = words.next().unwrap_or_default().replace('-', "_");
+        let params: Vec<String> = words.map(str::to_string).collect();
+        if params.is_empty() {
+            return Err(Error::new(
+                Reason::InvalidArgument,
+                format!("module parameters line {}: {raw:?} has no key=value", n + 1),
+            ));
+        }
+        for p in &params {
+            if !p.contains('=') || p.starts_with('=') {
+                return Err(Error::new(
+                    Reason::InvalidArgument,
+                    format!("module parameters line {}: {p:?} is not key=value", n + 1),
+                ));
+            }
+        }
+        out.entry(module).or_default().extend(params);
+    }
+    Ok(out.into_iter().map(|(k, v)| (k, v.join(" "))).collect())
+}
+
+// ------------------------------------------------------------ /proc
+
+/// One line of `/proc/modules`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelModule {
+    pub name: String,
+    pub refcount: i32,
+    pub used_by: Vec<String>,
+}
+
+/// Every module in `/proc/modules` (unlike [`host::parse_proc_modules`],
+/// which keeps only NVIDIA's and nouveau).
+pub fn parse_all_modules(text: &str) -> Result<BTreeMap<String, KernelModule>> {
+    use procfs::FromBufRead;
+    let mods = procfs::KernelModules::from_buf_read(text.as_bytes()).map_err(|e| {
+        Error::new(
+            Reason::HostReadFailed,
+            format!("parsing /proc/modules: {e}"),
+        )
+    })?;
+    Ok(mods
+        .0
+        .into_values()
+        .map(|m| {
+            let mut used_by: Vec<String> =
+                m.used_by.into_iter().filter(|u| !u.is_empty()).collect();
+            used_by.sort();
+            (
+                m.name.clone(),
+                KernelModule {
+                    name: m.name,
+                    refcount: m.refcount,
+                    used_by,
+                },
+            )
+        })
+        .collect())
+}
+
+fn read_modules(root: &HostRoot) -> Result<BTreeMap<String, KernelModule>> {
+    let path = root.kernel_path("/proc/modules");
+    match host::read_optional(&path)? {
+        Some(text) => parse_all_modules(&text),
+        None => Ok(BTreeMap::new()),
+    }
+}
+
+/// Character majors by name from `/proc/devices`.
+pub fn parse_char_majors(text: &str) -> Result<BTreeMap<String, u32>> {
+    use procfs::FromBufRead;
+    let devices = procfs::Devices::from_buf_read(text.as_bytes()).map_err(|e| {
+        Error::new(
+            Reason::HostReadFailed,
+            format!("parsing /proc/devices: {e}"),
+        )
+    })?;
+    Ok(devices
+        .char_devices
+        .into_iter()
+        .map(|d| (d.name, d.major))
+        .collect())
+}
+
+// ------------------------------------------------------------ /dev/kmsg
+
+/// The kernel log from a point on: opened non-blocking and positioned at the
+/// end before a load, so that reading afterwards yields exactly the records
+/// written since.
+pub struct KernelLog {
+    file: Option<File>,
+}
+
+impl KernelLog {
+    pub fn open(path: &Path) -> Self {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(path)
+            .and_then(|mut f| f.seek(SeekFrom::End(0)).map(|_| f));
+        match file {
+            Ok(f) => KernelLog { file: Some(f) },
+            Err(e) => {
+                tracing::warn!("kernel log {} not readable: {e}", path.display());
+                KernelLog { file: None }
+            }
+        }
+    }
+
+    /// The messages of the records written since `open` (or the last call).
+    pub fn read_new(&mut self) -> Vec<String> {
+        let Some(file) = &mut self.file else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 8192];
+        // Each read returns one record; EPIPE means records were overwritten
+        // (the reader skips ahead), EAGAIN that there are no more.
+        for _ in 0..10_000 {
+            match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if let Some(msg) = parse_kmsg_record(&String::from_utf8_lossy(&buf[..n])) {
+                        out.push(msg);
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(nix::libc::EPIPE) => continue,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        out
+    }
+}
+
+/// `6,1234,5678901,-;NVRM: No NVIDIA GPU found.\n SUBSYSTEM=…` → the message.
+pub fn parse_kmsg_record(record: &str) -> Option<String> {
+    let (_, rest) = record.split_once(';')?;
+    let msg = rest.lines().next().unwrap_or("").trim_end();
+    (!msg.is_empty()).then(|| msg.to_string())
+}
+
+// ------------------------------------------------------------ helpers
+
+fn check_root() -> Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Reason::NotRoot,
+            format!(
+                "loading kernel modules needs root (effective uid is {})",
+                nix::unistd::geteuid()
+            ),
+        )
+        .with_hint("run as root: sudo, nsenter from a privileged pod, or a privileged container"))
+    }
+}
+
+/// The host lock, held until dropped. Waits (and says so) when another
+/// installer holds it.
+pub fn host_lock(root: &HostRoot) -> Result<nix::fcntl::Flock<File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let path = root.join(LOCK_PATH);
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(|e| Error::io(LOCAL_IO, "creating", dir, e))?;
+    }
+    let open = || {
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(LOCAL_IO, "opening lock", &path, e))
+    };
+    match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => return Ok(lock),
+        Err((_, Errno::EWOULDBLOCK)) => {
+            tracing::info!("another installer holds {}; waiting for it", path.display());
+        }
+        Err((_, errno)) => {
+            return Err(Error::new(
+                LOCAL_IO,
+                format!("locking {}: {errno}", path.display()),
+            ));
+        }
+    }
+    Flock::lock(open()?, FlockArg::LockExclusive)
+        .map_err(|(_, errno)| Error::new(LOCAL_IO, format!("locking {}: {errno}", path.display())))
+}
+
+fn errno_text(e: Errno) -> String {
+    format!("{e:?}: {}", e.desc())
+}
+
+/// What `/sys/module/<name>/version` (else `srcversion`) says.
+fn loaded_identity(root: &HostRoot, name: &str) -> (Option<String>, Option<String>) {
+    let read = |f: &str| {
+        host::read_optional(&root.kernel_path(&format!("/sys/module/{name}/{f}")))
+            .ok()
+            .flatten()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    (read("version"), read("srcversion"))
+}
+
+fn field<'a>(info: &'a ModInfo, key: &str) -> Option<&'a str> {
+    info.fields
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Same build or same version as what is loaded.
+fn same_as_loaded(root: &HostRoot, info: &ModInfo) -> bool {
+    let (version, srcversion) = loaded_identity(root, &info.name);
+    match (srcversion, field(info, "srcversion")) {
+        (Some(a), Some(b)) if a == b => return true,
+        _ => {}
+    }
+    matches!((version, &info.version), (Some(a), Some(b)) if &a == b)
+}
+
+/// Orders `names` so that every module comes after the ones it depends on
+/// (within the set), NVIDIA's stack order breaking ties, then the name.
+pub fn load_order(mods: &[(String, Vec<String>)]) -> Vec<String> {
+    let rank = |n: &str| {
+        NVIDIA_STACK
+            .iter()
+            .position(|s| *s == n)
+            .unwrap_or(NVIDIA_STACK.len())
+    };
+    let names: BTreeSet<&str> = mods.iter().map(|(n, _)| n.as_str()).collect();
+    let mut pending: Vec<&(String, Vec<String>)> = mods.iter().collect();
+    pending.sort_by(|a, b| (rank(&a.0), &a.0).cmp(&(rank(&b.0), &b.0)));
+    let mut done: Vec<String> = Vec::new();
+    while !pending.is_empty() {
+        let ready = pending.iter().position(|(_, deps)| {
+            deps.iter()
+                .all(|d| !names.contains(d.as_str()) || done.contains(d))
+        });
+        // A dependency cycle cannot load at all; keep the rank order and let
+        // the kernel say what it thinks.
+        let i = ready.unwrap_or(0);
+        done.push(pending.remove(i).0.clone());
+    }
+    done
+}
+
+/// Unload order for loaded modules: holders first.
+pub fn unload_order(
+    set: &BTreeSet<String>,
+    loaded: &BTreeMap<String, KernelModule>,
+) -> Vec<String> {
+    let mut remaining: Vec<String> = set.iter().cloned().collect();
+    // Later in the stack first, then by name.
+    remaining.sort_by_key(|n| {
+        std::cmp::Reverse(
+            NVIDIA_STACK
+                .iter()
+                .position(|s| s == n)
+                .unwrap_or(NVIDIA_STACK.len()),
+        )
+    });
+    let mut out = Vec::new();
+    while !remaining.is_empty() {
+        let i = remaining
+            .iter()
+            .position(|n| {
+                loaded
+                    .get(n)
+                    .is_none_or(|m| m.used_by.iter().all(|u| !remaining.contains(u)))
+            })
+            .unwrap_or(0);
+        out.push(remaining.remove(i));
+    }
+    out
+}
+
+/// Modules of `set` that are in use by something outside it: open handles
+/// (refcount above the holders inside the set) or holders outside the set.
+pub fn in_use(set: &BTreeSet<String>, loaded: &BTreeMap<String, KernelModule>) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in set {
+        let Some(m) = loaded.get(name) else { continue };
+        let inside = m.used_by.iter().filter(|u| set.contains(*u)).count() as i32;
+        let outside: Vec<&String> = m.used_by.iter().filter(|u| !set.contains(*u)).collect();
+        if !outside.is_empty() {
+            out.push(format!(
+                "{name} (used by {})",
+                outside
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        } else if m.refcount > inside {
+            out.push(format!(
+                "{name} (refcount {}: open device files or other users)",
+                m.refcount
+            ));
+        }
+    }
+    out
+}
+
+fn unload(name: &str) -> std::result::Result<(), Errno> {
+    let c = CString::new(name).map_err(|_| Errno::EINVAL)?;
+    nix::kmod::delete_module(&c, DeleteModuleFlags::O_NONBLOCK)
+}
+
+/// Unloads `set` in order; the first refusal ends it.
+fn unload_all(
+    set: &BTreeSet<String>,
+    loaded: &BTreeMap<String, KernelModule>,
+) -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    for name in unload_order(set, loaded) {
+        match unload(&name) {
+            Ok(()) => done.push(name),
+            Err(Errno::ENOENT) => {}
+            Err(e) => {
+                let reason = if e == Errno::EBUSY || e == Errno::EAGAIN || e == Errno::EWOULDBLOCK {
+                    Reason::DriverInUse
+                } else {
+                    Reason::ModuleUnloadFailed
+                };
+                return Err(Error::new(
+                    reason,
+                    format!(
+                        "unloading {name}: {}{}",
+                        errno_text(e),
+                        if done.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (already unloaded: {})", done.join(", "))
+                        }
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(done)
+}
+
+fn remove_tree(path: &Path) {
+    if let Err(e) = fs::remove_dir_all(path) {
+        if e.kind() != ErrorKind::NotFound {
+            tracing::warn!("removing {}: {e}", path.display());
+        }
+    }
+}
+
+/// A staging directory that removes itself unless kept.
+struct Staging {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.keep {
+            remove_tree(&self.path);
+        }
+    }
+}
+
+/// `<drivers>/current` → `name`, switched by renaming a fresh link over it.
+fn switch_current(drivers: &Path, name: &str) -> Result<()> {
+    let current = drivers.join("current");
+    let tmp = drivers.join(format!(".current.{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(name, &tmp).map_err(|e| Error::io(LOCAL_IO, "creating", &tmp, e))?;
+    fs::rename(&tmp, &current).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(LOCAL_IO, "renaming into place", &current, e)
+    })?;
+    if let Ok(d) = File::open(drivers) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// A character device node with mode 0666; an existing node with the right
+/// numbers is left alone, anything else at the path is replaced.
+fn ensure_char_node(path: &Path, major: u32, minor: u32) -> Result<()> {
+    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+    let want = makedev(u64::from(major), u64::from(minor));
+    if let Ok(meta) = fs::symlink_metadata(path) {
+        if meta.file_type().is_char_device() && meta.rdev() == want {
+            return Ok(());
+        }
+        fs::remove_file(path).map_err(|e| Error::io(LOCAL_IO, "replacing", path, e))?;
+    }
+    mknod(path, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), want).map_err(|e| {
+        Error::new(
+            LOCAL_IO,
+            format!(
+                "mknod {} ({major}:{minor}): {}",
+                path.display(),
+                errno_text(e)
+            ),
+        )
+    })?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o666))
+        .map_err(|e| Error::io(LOCAL_IO, "chmod", path, e))
+}
+
+/// The device nodes NVIDIA's user space expects (what `nvidia-modprobe`
+/// would create): `/dev/nvidiactl`, `/dev/nvidia<N>` per GPU,
+/// `/dev/nvidia-modeset`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools`.
+pub fn device_nodes(
+    majors: &BTreeMap<String, u32>,
+    gpus: usize,
+    modeset: bool,
+) -> (Vec<(String, u32, u32)>, Vec<String>) {
+    let mut notes = Vec::new();
+    let nvidia = ["nvidia-frontend", "nvidia"]
+        .iter()
+        .find_map(|n| majors.get(*n).copied());
+    let nvidia = nvidia.unwrap_or_else(|| {
+        notes.push(format!(
+            "/proc/devices lists no nvidia major; using NVIDIA's fixed {NVIDIA_MAJOR}"
+        ));
+        NVIDIA_MAJOR
+    });
+    let mut nodes = vec![("/dev/nvidiactl".to_string(), nvidia, NVIDIACTL_MINOR)];
+    for i in 0..gpus {
+        nodes.push((format!("/dev/nvidia{i}"), nvidia, i as u32));
+    }
+    if modeset {
+        nodes.push((
+            "/dev/nvidia-modeset".to_string(),
+            nvidia,
+            NVIDIA_MODESET_MINOR,
+        ));
+    }
+    match majors.get("nvidia-uvm") {
+        Some(&uvm) => {
+            nodes.push(("/dev/nvidia-uvm".to_string(), uvm, 0));
+            nodes.push(("/dev/nvidia-uvm-tools".to_string(), uvm, 1));
+        }
+        None => notes.push("/proc/devices lists no nvidia-uvm major: no UVM nodes".into()),
+    }
+    (nodes, notes)
+}
+
+fn gpu_count(root: &HostRoot) -> Result<usize> {
+    Ok(host::read_pci_devices(&host::pci_devices_dir(root))?
+        .iter()
+        .filter(|d| d.role() == PciRole::Gpu)
+        .count())
+}
+
+/// GSP firmware is requested as `nvidia/<version>/<file>`: flat
+/// `firmware/<file>` entries are moved under that path.
+fn arrange_firmware(staged: &Path, manifest: &Manifest) -> Result<()> {
+    let target = staged
+        .join("firmware/nvidia")
+        .join(&manifest.driver_version);
+    for entry in &manifest.firmware {
+        let rel = Path::new(&entry.file);
+        if rel.starts_with("firmware/nvidia") {
+            continue;
+        }
+        let Some(name) = rel.file_name() else {
+            continue;
+        };
+        fs::create_dir_all(&target).map_err(|e| Error::io(LOCAL_IO, "creating", &target, e))?;
+        let from = staged.join(rel);
+        let to = target.join(name);
+        fs::rename(&from, &to).map_err(|e| Error::io(LOCAL_IO, "moving", &from, e))?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------ install
+
+pub fn install(opts: &InstallOptions) -> InstallResult {
+    let spec = InstallSpec {
+        action: Action::Install,
+        host_root: opts.root.path().display().to_string(),
+        artifact: Some(opts.artifact.display().to_string()),
+        kernel_release_override: opts.kernel_release.clone(),
+        module_params: opts.module_params.as_ref().map(|p| p.display().to_string()),
+        modules: Vec::new(),
+        drm: opts.drm,
+        peermem: opts.peermem,
+        force: opts.force,
+    };
+    let mut status = InstallStatus::new();
+    status.outcome = match install_inner(opts, &mut status) {
+        Ok(outcome) => outcome,
+        Err(e) => Outcome::from_error(&e),
+    };
+    Document::new(Kind::InstallResult, spec, status)
+}
+
+pub fn install_failed(spec: InstallSpec, outcome: Outcome) -> InstallResult {
+    let mut status = InstallStatus::new();
+    status.outcome = outcome;
+    Document::new(Kind::InstallResult, spec, status)
+}
+
+struct Selected {
+    info: ModInfo,
+    /// Path inside the artifact (and the driver root).
+    rel: String,
+}
+
+fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcome> {
+    let root = opts.root;
+    check_root()?;
+    let release = match &opts.kernel_release {
+        Some(r) => r.clone(),
+        None => host::read_kernel_release(root)?,
+    };
+    st.kernel_release = Some(release.clone());
+    let params = match &opts.module_params {
+        Some(p) => parse_module_params(
+            &fs::read_to_string(p)
+                .map_err(|e| Error::io(Reason::InvalidArgument, "reading", p, e))?,
+        )?,
+        None => BTreeMap::new(),
+    };
+    let _lock = host_lock(root)?;
+
+    // Unpack and check the artifact beside the driver roots.
+    let drivers = root.join(DRIVERS_DIR);
+    fs::create_dir_all(&drivers).map_err(|e| Error::io(LOCAL_IO, "creating", &drivers, e))?;
+    let mut staging = Staging {
+        path: drivers.join(format!(".staging-{}", std::process::id())),
+        keep: false,
+    };
+    remove_tree(&staging.path);
+    crate::extract::extract_package(&opts.artifact, &staging.path).map_err(|e| match e.reason {
+        Reason::ArchiveInvalid | Reason::UnsafeArchive => {
+            Error::new(Reason::ArtifactInvalid, e.message)
+        }
+        _ => e,
+    })?;
+    let manifest = check_artifact(&staging.path)?;
+    st.driver_version = Some(manifest.driver_version.clone());
+    st.flavor = Some(manifest.flavor);
+
+    // Every module's vermagic, before anything is placed or loaded.
+    let mut all = Vec::new();
+    for entry in &manifest.modules {
+        let path = staging.path.join(&entry.file);
+        let info =
+            modinfo::read_modinfo(&path).map_err(|e| Error::new(Reason::ArtifactInvalid, e.0))?;
+        all.push(Selected {
+            info,
+            rel: entry.file.clone(),
+        });
+    }
+    let wrong: Vec<String> = all
+        .iter()
+        .filter(|m| m.info.vermagic_release() != release)
+        .map(|m| format!("{} is for {:?}", m.info.name, m.info.vermagic_release()))
+        .collect();
+    for m in &all {
+        st.modules.push(ModuleState {
+            name: m.info.name.clone(),
+            file: Some(m.rel.clone()),
+            vermagic: Some(m.info.vermagic.trim().to_string()),
+            version: m.info.version.clone(),
+            action: ModuleAction::NotLoaded,
+            params: params.get(&m.info.name).cloned(),
+            errno: None,
+        });
+    }
+    if !wrong.is_empty() {
+        return Err(Error::new(
+            Reason::VermagicMismatch,
+            format!(
+                "the running kernel is {release}, but {} (artifact built for {}); nothing was loaded",
+                wrong.join(", "),
+                manifest.kernel_release
+            ),
+        )
+        .with_hint("build the modules for this kernel (gpu-driver-installer build)"));
+    }
+
+    // Selection and order.
+    let skip =
+        |n: &str| (n == "nvidia_drm" && !opts.drm) || (n == "nvidia_peermem" && !opts.peermem);
+    let selected: Vec<&Selected> = all.iter().filter(|m| !skip(&m.info.name)).collect();
+    for s in st.modules.iter_mut().filter(|s| skip(&s.name)) {
+        s.action = ModuleAction::Skipped;
+    }
+    let order = load_order(
+        &selected
+            .iter()
+            .map(|m| (m.info.name.clone(), m.info.depends.clone()))
+            .collect::<Vec<_>>(),
+    );
+    let by_name: BTreeMap<&str, &Selected> = selected
+        .iter()
+        .map(|m| (m.info.name.as_str(), *m))
+        .collect();
+
+    // What is loaded already.
+    let loaded = read_modules(root)?;
+    let mut same = BTreeSet::new();
+    let mut conflicting = BTreeSet::new();
+    for m in &selected {
+        if loaded.contains_key(&m.info.name) {
+            if same_as_loaded(root, &m.info) {
+                same.insert(m.info.name.clone());
+            } else {
+                conflicting.insert(m.info.name.clone());
+            }
+        }
+    }
+    if conflicting.contains("nvidia") {
+        // The core goes, so everything stacked on it goes too.
+        for n in NVIDIA_STACK {
+            if loaded.contains_key(*n) {
+                conflicting.insert((*n).to_string());
+                same.remove(*n);
+            }
+        }
+    }
+    if by_name.contains_key("nvidia") && loaded.contains_key("nouveau") {
+        conflicting.insert("nouveau".into());
+    }
+    if !conflicting.is_empty() {
+        let busy = in_use(&conflicting, &loaded);
+        if !busy.is_empty() && !opts.force {
+            return Err(Error::new(
+                Reason::DriverInUse,
+                format!(
+                    "another driver is loaded and in use: {}",
+                    busy.join("; ")
+                ),
+            )
+            .with_hint(
+                "stop what uses the GPUs (pods, nvidia-persistenced, dcgm) or drain the node; --force tries the unload anyway",
+            ));
+        }
+        st.replaced = unload_all(&conflicting, &loaded)?;
+    }
+
+    // Place the driver root (modules load from there).
+    let name = format!(
+        "{}-{}-{}",
+        manifest.driver_version, manifest.flavor, release
+    );
+    let final_dir = drivers.join(&name);
+    arrange_firmware(&staging.path, &manifest)?;
+    let has_user_space = staging.path.join("bin/nvidia-smi").is_file();
+    if final_dir.exists() {
+        let old = drivers.join(format!(".old-{name}-{}", std::process::id()));
+        fs::rename(&final_dir, &old)
+            .map_err(|e| Error::io(LOCAL_IO, "moving aside", &final_dir, e))?;
+        let placed = fs::rename(&staging.path, &final_dir);
+        if let Err(e) = placed {
+            let _ = fs::rename(&old, &final_dir);
+            return Err(Error::io(LOCAL_IO, "renaming into place", &final_dir, e));
+        }
+        remove_tree(&old);
+    } else {
+        fs::rename(&staging.path, &final_dir)
+            .map_err(|e| Error::io(LOCAL_IO, "renaming into place", &final_dir, e))?;
+    }
+    staging.keep = true;
+    let host_dir = Path::new(DRIVERS_DIR).join(&name);
+    st.driver_root = Some(host_dir.display().to_string());
+    st.user_space = Some(if has_user_space {
+        UserSpace {
+            present: true,
+            note: format!(
+                "bin/nvidia-smi and user-space files are in {}",
+                host_dir.display()
+            ),
+        }
+    } else {
+        UserSpace {
+            present: false,
+            note: "the artifact has no user space (nvidia-smi, libcuda, libnvidia-ml): Debian's module sources never do; install NVIDIA's user space separately (e.g. into bin/ and lib/ of the driver root) for verify".into(),
+        }
+    });
+
+    // Firmware search path.
+    if !manifest.firmware.is_empty() {
+        let fw = host_dir.join("firmware").display().to_string();
+        let param = root.kernel_path("/sys/module/firmware_class/parameters/path");
+        match fs::write(&param, &fw) {
+            Ok(()) => st.firmware_path = Some(fw),
+            Err(e) => st.notes.push(format!(
+                "firmware path not set: writing {}: {e}",
+                param.display()
+            )),
+        }
+    }
+
+    // Load.
+    let kmsg = root.kernel_path("/dev/kmsg");
+    let mut loaded_now: Vec<String> = Vec::new();
+    for name in &order {
+        let Some(m) = by_name.get(name.as_str()) else {
+            continue;
+        };
+        let idx = st.modules.iter().position(|s| &s.name == name);
+        if same.contains(name) {
+            if let Some(i) = idx {
+                st.modules[i].action = ModuleAction::AlreadyLoaded;
+            }
+            continue;
+        }
+        // Dependencies outside the artifact (drm for nvidia-drm, ib_core for
+        // peermem) must be loaded already.
+        let now = read_modules(root)?;
+        let missing: Vec<&String> = m
+            .info
+            .depends
+            .iter()
+            .filter(|d| !by_name.contains_key(d.as_str()) && !now.contains_key(*d))
+            .collect();
+        if let Some(dep) = missing.first() {
+            if let Err(e) = modprobe(root, dep) {
+                rollback(&loaded_now, st);
+                return Err(Error::new(
+                    Reason::ModuleLoadFailed,
+                    format!(
+                        "{name} depends on {dep}, which is not loaded, and modprobe {dep} failed: {e}"
+                    ),
+                ));
+            }
+        }
+        let param = params.get(name).cloned().unwrap_or_default();
+        let cparam = CString::new(param.clone()).map_err(|_| {
+            Error::new(
+                Reason::InvalidArgument,
+                format!("parameters of {name} contain NUL"),
+            )
+        })?;
+        // From the driver root: the staging directory was renamed to it.
+        let path = final_dir.join(&m.rel);
+        let file = File::open(&path).map_err(|e| Error::io(LOCAL_IO, "opening", &path, e))?;
+        let mut log = KernelLog::open(&kmsg);
+        tracing::info!("loading {name} from {}", path.display());
+        match nix::kmod::finit_module(&file, &cparam, ModuleInitFlags::empty()) {
+            Ok(()) | Err(Errno::EEXIST) => {
+                loaded_now.push(name.clone());
+                if let Some(i) = idx {
+                    st.modules[i].action = ModuleAction::Loaded;
+                }
+            }
+            Err(e) => {
+                let lines = log.read_new();
+                if let Some(i) = idx {
+                    st.modules[i].action = ModuleAction::Failed;
+                    st.modules[i].errno = Some(format!("{e:?}"));
+                }
+                st.kernel_log = lines.clone();
+                rollback(&loaded_now, st);
+                let kernel = if lines.is_empty() {
+                    "the kernel logged nothing".to_string()
+                } else {
+                    format!("kernel log: {}", lines.join(" | "))
+                };
+                return Err(Error::new(
+                    Reason::ModuleLoadFailed,
+                    format!(
+                        "loading {name} ({}): {}; {kernel}",
+                        host_dir.join(&m.rel).display(),
+                        errno_text(e)
+                    ),
+                ));
+            }
+        }
+    }
+
+    // Device nodes.
+    if by_name.contains_key("nvidia") {
+        let devices = root.kernel_path("/proc/devices");
+        let majors = match host::read_optional(&devices)? {
+            Some(t) => parse_char_majors(&t)?,
+            None => BTreeMap::new(),
+        };
+        let modeset = by_name.contains_key("nvidia_modeset");
+        let (nodes, notes) = device_nodes(&majors, gpu_count(root)?, modeset);
+        st.notes.extend(notes);
+        for (path, major, minor) in nodes {
+            ensure_char_node(&root.join(&path), major, minor)?;
+            st.device_nodes.push(path);
+        }
+    }
+    switch_current(&drivers, &name)?;
+
+    if loaded_now.is_empty() {
+        return Ok(Outcome::new(
+            Reason::AlreadyInstalled,
+            format!(
+                "{} {} is already loaded ({}); nothing was reloaded",
+                manifest.driver_version,
+                manifest.flavor,
+                same.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    let mut msg = format!(
+        "loaded {} ({} {} for {release}) from {}",
+        loaded_now.join(", "),
+        manifest.driver_version,
+        manifest.flavor,
+        host_dir.display()
+    );
+    if !st.replaced.is_empty() {
+        msg.push_str(&format!("; unloaded first: {}", st.replaced.join(", ")));
+    }
+    if !has_user_space {
+        msg.push_str("; the artifact has no user space (nvidia-smi): install it separately");
+    }
+    Ok(Outcome::new(Reason::Installed, msg))
+}
+
+/// Unloads what this run loaded, newest first, so that a failed install
+/// leaves the kernel as it found it.
+fn rollback(loaded_now: &[String], st: &mut InstallStatus) {
+    for name in loaded_now.iter().rev() {
+        match unload(name) {
+            Ok(()) => {
+                if let Some(s) = st.modules.iter_mut().find(|s| &s.name == name) {
+                    s.action = ModuleAction::RolledBack;
+                }
+            }
+            Err(e) => st
+                .notes
+                .push(format!("rolling back {name}: {}", errno_text(e))),
+        }
+    }
+}
+
+/// `modprobe DEP` for a dependency from the host's own module tree.
+fn modprobe(root: &HostRoot, dep: &str) -> std::result::Result<(), String> {
+    let mut cmd = std::process::Command::new("modprobe");
+    if root.path() != Path::new("/") {
+        cmd.arg("-d").arg(root.path());
+    }
+    cmd.arg(dep);
+    let out = cmd.output().map_err(|e| format!("running modprobe: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+// ------------------------------------------------------------ uninstall
+
+pub fn uninstall(opts: &UninstallOptions) -> InstallResult {
+    let spec = InstallSpec {
+        action: Action::Uninstall,
+        host_root: opts.root.path().display().to_string(),
+        artifact: None,
+        kernel_release_override: None,
+        module_params: None,
+        modules: opts.modules.clone(),
+        drm: true,
+        peermem: true,
+        force: opts.force,
+    };
+    let mut status = InstallStatus::new();
+    status.outcome = match uninstall_inner(opts, &mut status) {
+        Ok(o) => o,
+        Err(e) => Outcome::from_error(&e),
+    };
+    Document::new(Kind::InstallResult, spec, status)
+}
+
+fn uninstall_inner(opts: &UninstallOptions, st: &mut InstallStatus) -> Result<Outcome> {
+    check_root()?;
+    let root = opts.root;
+    let _lock = host_lock(root)?;
+    let wanted: Vec<String> = if opts.modules.is_empty() {
+        NVIDIA_STACK.iter().map(|s| s.to_string()).collect()
+    } else {
+        opts.modules.iter().map(|m| m.replace('-', "_")).collect()
+    };
+    let loaded = read_modules(root)?;
+    let set: BTreeSet<String> = wanted
+        .iter()
+        .filter(|n| loaded.contains_key(*n))
+        .cloned()
+        .collect();
+    if set.is_empty() {
+        return Ok(Outcome::new(
+            Reason::Uninstalled,
+            format!("none of {} is loaded; nothing to do", wanted.join(", ")),
+        ));
+    }
+    let busy = in_use(&set, &loaded);
+    if !busy.is_empty() && !opts.force {
+        return Err(
+            Error::new(Reason::DriverInUse, format!("in use: {}", busy.join("; ")))
+                .with_hint("stop what uses it first; --force tries the unload anyway"),
+        );
+    }
+    let done = unload_all(&set, &loaded)?;
+    for name in &done {
+        st.modules.push(ModuleState {
+            name: name.clone(),
+            file: None,
+            vermagic: None,
+            version: None,
+            action: ModuleAction::Unloaded,
+            params: None,
+            errno: None,
+        });
+    }
+    Ok(Outcome::new(
+        Reason::Uninstalled,
+        format!("unloaded {}", done.join(", ")),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn km(name: &str, refcount: i32, used_by: &[&str]) -> (String, KernelModule) {
+        (
+            name.to_string(),
+            KernelModule {
+                name: name.to_string(),
+                refcount,
+                used_by: used_by.iter().map(|s| s.to_string()).collect(),
+            },
+        )
+    }
+
+    #[test]
+    fn module_params_file() {
+        let p = parse_module_params(
+            "# comment\nnvidia NVreg_OpenRmEnableUnsupportedGpus=1 NVreg_EnableGpuFirmware=1\n\nnvidia-drm modeset=1 # kms\nnvidia NVreg_X=2\n",
+        )
+        .unwrap();
+        assert_eq!(
+            p["nvidia"],
+            "NVreg_OpenRmEnableUnsupportedGpus=1 NVreg_EnableGpuFirmware=1 NVreg_X=2"
+        );
+        assert_eq!(p["nvidia_drm"], "modeset=1");
+        let e = parse_module_params("nvidia\n").unwrap_err();
+        assert!(e.message.contains("line 1"), "{e}");
+        assert!(parse_module_params("nvidia =1\n").is_err());
+    }
+
+    #[test]
+    fn load_order_follows_dependencies_then_nvidia_order() {
+        let mods = vec![
+            (
+                "nvidia_drm".to_string(),
+                vec!["nvidia_modeset".into(), "drm".into()],
+            ),
+            ("nvidia_uvm".to_string(), vec!["nvidia".into()]),
+            ("nvidia_modeset".to_string(), vec!["nvidia".into()]),
+            ("nvidia".to_string(), vec![]),
+            ("hello".to_string(), vec![]),
+        ];
+        assert_eq!(
+            load_order(&mods),
+            [
+                "nvidia",
+                "nvidia_uvm",
+                "nvidia_modeset",
+                "nvidia_drm",
+                "hello"
+            ]
+        );
+        // A dependency listed later is still loaded first.
+        let mods = vec![
+            ("a".to_string(), vec!["b".into()]),
+            ("b".to_string(), vec![]),
+        ];
+        assert_eq!(load_order(&mods), ["b", "a"]);
+    }
+
+    #[test]
+    fn unload_order_and_in_use() {
+        let loaded: BTreeMap<_, _> = [
+            km("nvidia", 2, &["nvidia_uvm", "nvidia_modeset"]),
+            km("nvidia_uvm", 0, &[]),
+            km("nvidia_modeset", 1, &["nvidia_drm"]),
+            km("nvidia_drm", 0, &[]),
+        ]
+        .into_iter()
+        .collect();
+        let set: BTreeSet<String> = loaded.keys().cloned().collect();
+        let order = unload_order(&set, &loaded);
+        assert_eq!(
+            order,
+            ["nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia"]
+        );
+        assert!(in_use(&set, &loaded).is_empty());
+        // An open /dev/nvidia0 raises nvidia's refcount above its holders.
+        let mut busy = loaded.clone();
+        busy.insert(
+            "nvidia".into(),
+            km("nvidia", 5, &["nvidia_uvm", "nvidia_modeset"]).1,
+        );
+        let u = in_use(&set, &busy);
+        assert_eq!(u.len(), 1);
+        assert!(u[0].contains("refcount 5"), "{u:?}");
+        // A holder outside the set.
+        let only_core: BTreeSet<String> = ["nvidia".to_string()].into();
+        assert!(in_use(&only_core, &loaded)[0].contains("used by nvidia_uvm, nvidia_modeset"));
+    }
+
+    #[test]
+    fn proc_devices_and_nodes() {
+        // Layout of /proc/devices as fs/proc/devices.c prints it; the
+        // NVIDIA names are what the modules register (written here, not
+        // captured from a GPU machine).
+        let text = "Character devices:\n  1 mem\n  4 /dev/vc/0\n195 nvidia-frontend\n511 nvidia-uvm\n\nBlock devices:\n  8 sd\n";
+        let majors = parse_char_majors(text).unwrap();
+        assert_eq!(majors["nvidia-uvm"], 511);
+        let (nodes, notes) = device_nodes(&majors, 2, true);
+        assert!(notes.is_empty());
+        assert_eq!(
+            nodes,
+            vec![
+                ("/dev/nvidiactl".to_string(), 195, 255),
+                ("/dev/nvidia0".to_string(), 195, 0),
+                ("/dev/nvidia1".to_string(), 195, 1),
+                ("/dev/nvidia-modeset".to_string(), 195, 254),
+                ("/dev/nvidia-uvm".to_string(), 511, 0),
+                ("/dev/nvidia-uvm-tools".to_string(), 511, 1),
+            ]
+        );
+        let (nodes, notes) = device_nodes(&BTreeMap::new(), 1, false);
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(notes.len(), 2);
+    }
+
+    #[test]
+    fn kmsg_records() {
+        assert_eq!(
+            parse_kmsg_record("4,1234,5678901,-;NVRM: No NVIDIA GPU found.\n"),
+            Some("NVRM: No NVIDIA GPU found.".into())
+        );
+        assert_eq!(
+            parse_kmsg_record("6,1,2,-;usb 1-1: new device\n SUBSYSTEM=usb\n DEVICE=c189:1\n"),
+            Some("usb 1-1: new device".into())
+        );
+        assert_eq!(parse_kmsg_record("garbage"), None);
+    }
+
+    #[test]
+    fn all_modules_parse() {
+        let m = parse_all_modules(
+            "hello 16384 0 - Live 0x0000000000000000\nnvidia 60743680 1 nvidia_uvm, Live 0x0\n",
+        )
+        .unwrap();
+        assert_eq!(m["hello"].refcount, 0);
+        assert!(m["hello"].used_by.is_empty());
+        assert_eq!(m["nvidia"].used_by, ["nvidia_uvm"]);
+    }
+
+    #[test]
+    fn artifact_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert_eq!(
+            check_artifact(d).unwrap_err().reason,
+            Reason::ArtifactInvalid
+        );
+        fs::create_dir(d.join("modules")).unwrap();
+        fs::write(d.join("modules/a.ko"), b"abc").unwrap();
+        let good = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        let manifest = |sum: &str, file: &str| {
+            format!(
+                r#"{{"schemaVersion":1,"driverVersion":"1.0","flavor":"open","kernelRelease":"6.1.0","modules":[{{"name":"a","file":"{file}","sha256":"{sum}"}}],"firmware":[]}}"#
+            )
+        };
+        fs::write(d.join("manifest.json"), manifest(good, "modules/a.ko")).unwrap();
+        assert_eq!(check_artifact(d).unwrap().driver_version, "1.0");
+        fs::write(
+            d.join("manifest.json"),
+            manifest(&"0".repeat(64), "modules/a.ko"),
+        )
+        .unwrap();
+        assert!(check_artifact(d).unwrap_err().message.contains("differs"));
+        fs::write(d.join("manifest.json"), manifest(good, "../a.ko")).unwrap();
+        assert!(check_artifact(d).unwrap_err().message.contains("relative"));
+        fs::write(d.join("manifest.json"), manifest(good, "modules/b.ko")).unwrap();
+        assert!(check_artifact(d).unwrap_err().message.contains("missing"));
+    }
+}

@@ -1,0 +1,261 @@
+//! `verify`: asks the installed driver's own `nvidia-smi` what it sees and
+//! compares that with detect (GPU count) and the installed driver version.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::host::{self, HostRoot, PciRole};
+use crate::load::DRIVERS_DIR;
+use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
+
+/// The query verify runs; its CSV columns are what [`parse_smi_csv`] reads.
+pub const SMI_ARGS: &[&str] = &[
+    "--query-gpu=name,uuid,driver_version,memory.total",
+    "--format=csv,noheader",
+];
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifySpec {
+    pub host_root: String,
+    pub nvidia_smi: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+}
+
+/// One GPU as nvidia-smi lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SmiGpu {
+    pub name: String,
+    pub uuid: String,
+    pub driver_version: String,
+    /// As printed, e.g. `15360 MiB`.
+    pub memory_total: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyStatus {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_driver_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_gpu_count: Option<usize>,
+    #[serde(default)]
+    pub gpus: Vec<SmiGpu>,
+}
+
+pub type VerifyResult = Document<VerifySpec, VerifyStatus>;
+
+impl ResultDocument for VerifyResult {
+    fn outcome(&self) -> &Outcome {
+        &self.status.outcome
+    }
+}
+
+pub struct VerifyOptions<'a> {
+    pub root: &'a HostRoot,
+    /// Default: `<host-root>/var/lib/gpu-driver/drivers/current/bin/nvidia-smi`.
+    pub nvidia_smi: Option<PathBuf>,
+    /// Default: the current driver root's manifest.
+    pub driver_version: Option<String>,
+}
+
+/// Parses `nvidia-smi --query-gpu=name,uuid,driver_version,memory.total
+/// --format=csv,noheader`: one line per GPU, fields separated by `, `.
+/// The name comes first and is split from the right, so a comma in it does
+/// no harm.
+pub fn parse_smi_csv(text: &str) -> Result<Vec<SmiGpu>> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let mut parts: Vec<&str> = line.rsplitn(4, ',').map(str::trim).collect();
+        if parts.len() != 4 || parts.iter().any(|p| p.is_empty()) {
+            return Err(Error::new(
+                Reason::VerifyFailed,
+                format!(
+                    "nvidia-smi printed {line:?}, not name, uuid, driver_version, memory.total"
+                ),
+            ));
+        }
+        parts.reverse();
+        out.push(SmiGpu {
+            name: parts[0].to_string(),
+            uuid: parts[1].to_string(),
+            driver_version: parts[2].to_string(),
+            memory_total: parts[3].to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Compares nvidia-smi's view with what was expected.
+pub fn check(gpus: &[SmiGpu], want_version: Option<&str>, want_count: usize) -> Result<String> {
+    if gpus.len() != want_count {
+        return Err(Error::new(
+            Reason::VerifyFailed,
+            format!(
+                "nvidia-smi lists {} GPU(s), detect found {want_count} on the PCI bus",
+                gpus.len()
+            ),
+        ));
+    }
+    if let Some(v) = want_version {
+        let wrong: Vec<String> = gpus
+            .iter()
+            .filter(|g| g.driver_version != v)
+            .map(|g| format!("{} reports {}", g.uuid, g.driver_version))
+            .collect();
+        if !wrong.is_empty() {
+            return Err(Error::new(
+                Reason::VerifyFailed,
+                format!("expected driver {v}, but {}", wrong.join(", ")),
+            ));
+        }
+    }
+    Ok(format!(
+        "nvidia-smi sees {} GPU(s) with driver {}: {}",
+        gpus.len(),
+        want_version.unwrap_or("(version not checked)"),
+        gpus.iter()
+            .map(|g| g.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+fn current_root(root: &HostRoot) -> PathBuf {
+    root.join(DRIVERS_DIR).join("current")
+}
+
+/// The current driver root's manifest version.
+fn installed_version(root: &HostRoot) -> Option<String> {
+    let text = std::fs::read_to_string(current_root(root).join("manifest.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("driverVersion")?.as_str().map(str::to_string)
+}
+
+pub fn default_nvidia_smi(root: &HostRoot) -> PathBuf {
+    current_root(root).join("bin/nvidia-smi")
+}
+
+pub fn verify(opts: &VerifyOptions) -> VerifyResult {
+    let smi = opts
+        .nvidia_smi
+        .clone()
+        .unwrap_or_else(|| default_nvidia_smi(opts.root));
+    let spec = VerifySpec {
+        host_root: opts.root.path().display().to_string(),
+        nvidia_smi: smi.display().to_string(),
+        driver_version: opts.driver_version.clone(),
+    };
+    let mut status = VerifyStatus {
+        outcome: Outcome::new(Reason::Internal, "verify did not finish"),
+        expected_driver_version: opts
+            .driver_version
+            .clone()
+            .or_else(|| installed_version(opts.root)),
+        expected_gpu_count: None,
+        gpus: Vec::new(),
+    };
+    status.outcome = match verify_inner(opts.root, &smi, &mut status) {
+        Ok(msg) => Outcome::new(Reason::Verified, msg),
+        Err(e) => Outcome::from_error(&e),
+    };
+    Document::new(Kind::VerifyResult, spec, status)
+}
+
+fn verify_inner(root: &HostRoot, smi: &Path, st: &mut VerifyStatus) -> Result<String> {
+    let count = host::read_pci_devices(&host::pci_devices_dir(root))?
+        .iter()
+        .filter(|d| d.role() == PciRole::Gpu)
+        .count();
+    st.expected_gpu_count = Some(count);
+    if !smi.is_file() {
+        return Err(Error::new(
+            Reason::VerifyFailed,
+            format!("{} does not exist", smi.display()),
+        )
+        .with_hint(
+            "the artifact carried no user space; install nvidia-smi into the driver root's bin/ or pass --nvidia-smi",
+        ));
+    }
+    let mut cmd = Command::new(smi);
+    cmd.args(SMI_ARGS);
+    // The driver root's own libraries (libnvidia-ml) before the system's.
+    if let Some(bin) = smi.parent() {
+        if let Some(dir) = bin.parent() {
+            let libs: Vec<String> = ["lib", "lib64"]
+                .iter()
+                .map(|l| dir.join(l))
+                .filter(|p| p.is_dir())
+                .map(|p| p.display().to_string())
+                .collect();
+            if !libs.is_empty() {
+                cmd.env("LD_LIBRARY_PATH", libs.join(":"));
+            }
+        }
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| Error::io(Reason::VerifyFailed, "running", smi, e))?;
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(if out.stdout.is_empty() {
+            &out.stderr
+        } else {
+            &out.stdout
+        });
+        return Err(Error::new(
+            Reason::VerifyFailed,
+            format!(
+                "{} exited with {}: {}",
+                smi.display(),
+                out.status,
+                text.trim()
+            ),
+        ));
+    }
+    st.gpus = parse_smi_csv(&String::from_utf8_lossy(&out.stdout))?;
+    check(&st.gpus, st.expected_driver_version.as_deref(), count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Written from NVIDIA's documented `--format=csv,noheader` output of
+    /// this query (nvidia-smi --help-query-gpu), not captured from a GPU.
+    const TWO_GPUS: &str = "Tesla T4, GPU-5b6a9c1e-8f3a-2b7d-41c0-9e2f7a6d3b11, 535.261.03, 15360 MiB\n\
+NVIDIA H100 80GB HBM3, GPU-0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b, 535.261.03, 81559 MiB\n";
+
+    #[test]
+    fn parses_documented_csv() {
+        let gpus = parse_smi_csv(TWO_GPUS).unwrap();
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[0].name, "Tesla T4");
+        assert_eq!(gpus[1].name, "NVIDIA H100 80GB HBM3");
+        assert_eq!(gpus[1].driver_version, "535.261.03");
+        assert_eq!(gpus[1].memory_total, "81559 MiB");
+        // A comma in the name is kept.
+        let g = parse_smi_csv("A, B, GPU-1, 550.54, 1 MiB").unwrap();
+        assert_eq!(g[0].name, "A, B");
+        assert!(parse_smi_csv("No devices were found").is_err());
+        assert!(parse_smi_csv("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn checks_count_and_version() {
+        let gpus = parse_smi_csv(TWO_GPUS).unwrap();
+        assert!(check(&gpus, Some("535.261.03"), 2).is_ok());
+        let e = check(&gpus, Some("550.163.01"), 2).unwrap_err();
+        assert_eq!(e.reason, Reason::VerifyFailed);
+        assert!(e.message.contains("expected driver 550.163.01"), "{e}");
+        let e = check(&gpus, None, 3).unwrap_err();
+        assert!(e.message.contains("lists 2 GPU(s), detect found 3"), "{e}");
+    }
+}

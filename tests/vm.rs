@@ -1,0 +1,255 @@
+//! The assertions of `scripts/vm-test`: it boots a real Debian cloud kernel
+//! under QEMU with the static installer in an initramfs (`tests/vm-init.sh`
+//! is its /init) and hands the serial console log to this test via
+//! `GPU_DRIVER_VM_LOG`. Ignored in a plain `cargo test`: it needs the VM.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+/// A block printed by vm-init.sh between `@@BEGIN name[ rc=N]@@` and
+/// `@@END name@@`.
+struct Block {
+    rc: Option<i32>,
+    text: String,
+}
+
+fn blocks(log: &str) -> BTreeMap<String, Block> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<(String, Block)> = None;
+    // The serial console may put terminal escapes before a marker.
+    let markers = log.lines().map(|l| {
+        let l = l.trim_end_matches('\r');
+        l.find("@@").map_or(l, |i| {
+            if l[i..].starts_with("@@BEGIN ") || l[i..].starts_with("@@END ") {
+                &l[i..]
+            } else {
+                l
+            }
+        })
+    });
+    for line in markers {
+        if let Some(head) = line
+            .strip_prefix("@@BEGIN ")
+            .and_then(|l| l.strip_suffix("@@"))
+        {
+            let (name, rc) = match head.split_once(" rc=") {
+                Some((n, rc)) => (n.to_string(), rc.parse().ok()),
+                None => (head.to_string(), None),
+            };
+            current = Some((
+                name,
+                Block {
+                    rc,
+                    text: String::new(),
+                },
+            ));
+        } else if line.starts_with("@@END ") {
+            if let Some((name, block)) = current.take() {
+                out.insert(name, block);
+            }
+        } else if let Some((_, block)) = current.as_mut() {
+            block.text.push_str(line);
+            block.text.push('\n');
+        }
+    }
+    out
+}
+
+struct Checks {
+    passed: usize,
+    failed: usize,
+}
+
+impl Checks {
+    fn check(&mut self, name: &str, ok: bool, detail: impl std::fmt::Display) {
+        if ok {
+            self.passed += 1;
+            println!("PASS {name}");
+        } else {
+            self.failed += 1;
+            println!("FAIL {name}: {detail}");
+        }
+    }
+}
+
+fn module_names(modules: &str) -> Vec<String> {
+    let mut names: Vec<String> = modules
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+#[ignore = "run by scripts/vm-test, which boots the VM and sets GPU_DRIVER_VM_LOG"]
+fn vm_results() {
+    let path = std::env::var("GPU_DRIVER_VM_LOG").expect("GPU_DRIVER_VM_LOG: the console log");
+    let release = std::env::var("GPU_DRIVER_VM_RELEASE").unwrap_or_default();
+    let foreign = std::env::var("GPU_DRIVER_VM_FOREIGN").unwrap_or_default();
+    let log = std::fs::read_to_string(&path).expect("reading the console log");
+    let b = blocks(&log);
+    let mut c = Checks {
+        passed: 0,
+        failed: 0,
+    };
+    let doc = |name: &str| -> (Option<i32>, Value) {
+        match b.get(name) {
+            Some(block) => (
+                block.rc,
+                serde_json::from_str(&block.text).unwrap_or(Value::Null),
+            ),
+            None => (None, Value::Null),
+        }
+    };
+    let text = |name: &str| b.get(name).map(|x| x.text.clone()).unwrap_or_default();
+    let reason = |v: &Value| v["status"]["reason"].as_str().unwrap_or("").to_string();
+    let message = |v: &Value| v["status"]["message"].as_str().unwrap_or("").to_string();
+
+    let booted = log
+        .lines()
+        .find_map(|l| {
+            l.trim_end_matches('\r')
+                .split_once("@@VM kernel=")
+                .map(|(_, k)| k)
+        })
+        .map(|l| l.trim_end_matches("@@").to_string())
+        .unwrap_or_default();
+    c.check(
+        "VM booted the kernel the modules were built for",
+        !booted.is_empty() && (release.is_empty() || booted == release),
+        format!("booted {booted:?}, expected {release:?}"),
+    );
+    c.check(
+        "init ran to the end",
+        log.contains("@@DONE@@"),
+        "no @@DONE@@ marker",
+    );
+
+    // (4) Another kernel's module: refused before any load.
+    let (rc, v) = doc("foreign");
+    c.check(
+        "foreign vermagic: VermagicMismatch, exit 14",
+        rc == Some(14) && reason(&v) == "VermagicMismatch",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    c.check(
+        "foreign vermagic: message names both releases",
+        message(&v).contains(&foreign) && message(&v).contains(&booted),
+        message(&v),
+    );
+    let untouched = v["status"]["modules"]
+        .as_array()
+        .is_some_and(|m| m.iter().all(|m| m["action"] == "notLoaded"));
+    c.check(
+        "foreign vermagic: /proc/modules unchanged, nothing attempted",
+        untouched && module_names(&text("foreign.modules")) == module_names(&text("start.modules")),
+        format!(
+            "before {:?}, after {:?}",
+            module_names(&text("start.modules")),
+            module_names(&text("foreign.modules"))
+        ),
+    );
+
+    // (1) hello.ko through the load path and back out.
+    let (rc, v) = doc("hello-install");
+    c.check(
+        "hello: install → Installed, exit 0",
+        rc == Some(0) && reason(&v) == "Installed",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    c.check(
+        "hello: in /proc/modules after install",
+        module_names(&text("hello-install.modules")).contains(&"hello".to_string()),
+        text("hello-install.modules"),
+    );
+    c.check(
+        "hello: driver root is versioned",
+        v["status"]["driverRoot"]
+            .as_str()
+            .is_some_and(|r| r.ends_with(&format!("1.0-open-{booted}"))),
+        &v["status"]["driverRoot"],
+    );
+    let (rc, v) = doc("hello-again");
+    c.check(
+        "hello: second install → AlreadyInstalled, nothing reloaded",
+        rc == Some(0) && reason(&v) == "AlreadyInstalled",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    let (rc, v) = doc("hello-uninstall");
+    c.check(
+        "hello: uninstall → Uninstalled, exit 0",
+        rc == Some(0) && reason(&v) == "Uninstalled",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    c.check(
+        "hello: gone from /proc/modules after uninstall",
+        !module_names(&text("hello-uninstall.modules")).contains(&"hello".to_string()),
+        text("hello-uninstall.modules"),
+    );
+    let dmesg = text("dmesg");
+    c.check(
+        "hello: the kernel ran its init and exit",
+        dmesg.contains("gpu-driver-hello: loaded") && dmesg.contains("gpu-driver-hello: unloaded"),
+        &dmesg,
+    );
+
+    // (2) nvidia.ko without a GPU: the kernel's own refusal, quoted.
+    let (rc, v) = doc("nvidia");
+    c.check(
+        "nvidia: ModuleLoadFailed, exit 14",
+        rc == Some(14) && reason(&v) == "ModuleLoadFailed",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    c.check(
+        "nvidia: errno ENODEV",
+        message(&v).contains("ENODEV")
+            && v["status"]["modules"].as_array().is_some_and(|m| {
+                m.iter()
+                    .any(|m| m["name"] == "nvidia" && m["errno"] == "ENODEV")
+            }),
+        message(&v),
+    );
+    c.check(
+        "nvidia: quotes the kernel's \"NVRM: No NVIDIA GPU found.\"",
+        message(&v).contains("NVRM: No NVIDIA GPU found.")
+            && v["status"]["kernelLog"].as_array().is_some_and(|l| {
+                l.iter().any(|x| {
+                    x.as_str()
+                        .is_some_and(|s| s.contains("NVRM: No NVIDIA GPU found."))
+                })
+            }),
+        message(&v),
+    );
+    c.check(
+        "nvidia: nothing NVIDIA stays loaded",
+        !module_names(&text("nvidia.modules"))
+            .iter()
+            .any(|m| m.starts_with("nvidia")),
+        text("nvidia.modules"),
+    );
+
+    // (3) run on a node without a GPU.
+    let (rc, v) = doc("run");
+    c.check(
+        "run: Skipped NoGpu, exit 3",
+        rc == Some(3) && reason(&v) == "NoGpu" && v["status"]["phase"] == "Skipped",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    c.check(
+        "run: stopped after detect",
+        v["status"]["steps"]
+            .as_array()
+            .is_some_and(|s| s.len() == 1),
+        &v["status"]["steps"],
+    );
+
+    println!("{} passed, {} failed", c.passed, c.failed);
+    assert_eq!(
+        c.failed, 0,
+        "{} VM assertion(s) failed; console: {path}",
+        c.failed
+    );
+}
