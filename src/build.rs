@@ -170,6 +170,11 @@ pub struct BuildStatus {
     /// source has none (Debian's module-source tarballs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub firmware: Vec<String>,
+    /// NVIDIA's user space packaged from the `.run`'s `.manifest`
+    /// (`usr/bin/nvidia-smi`, `usr/lib/<triplet>/libcuda.so.*`, …); empty
+    /// when the source has none (Debian's module-source tarballs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_space: Vec<String>,
     /// The full compile log.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
@@ -199,6 +204,7 @@ impl BuildStatus {
             artifact_sha256: None,
             modules: Vec::new(),
             firmware: Vec::new(),
+            user_space: Vec::new(),
             log: None,
             log_excerpt: None,
             timings: Timings::default(),
@@ -325,6 +331,7 @@ fn run(opts: &BuildOptions, status: &mut BuildStatus) -> Result<String> {
     let driver_version = driver_version_of(&tree, opts.driver_version.as_deref())?;
     status.driver_version = Some(driver_version.clone());
     let firmware = find_firmware(&extracted)?;
+    let user_space = crate::userspace::collect(&extracted)?;
     status.timings.extract_seconds = Some(seconds(t.elapsed()));
 
     // ---- compile
@@ -367,11 +374,25 @@ fn run(opts: &BuildOptions, status: &mut BuildStatus) -> Result<String> {
         modules: modules.iter().map(|s| s.manifest.clone()).collect(),
         firmware: Vec::new(),
         firmware_note: None,
+        user_space: Vec::new(),
+        links: Vec::new(),
     };
-    let (artifact_sha256, manifest) =
-        write_artifact(&artifact, manifest, &modules, &firmware, &staging)?;
+    let (artifact_sha256, manifest) = write_artifact(
+        &artifact,
+        manifest,
+        &modules,
+        &firmware,
+        user_space.as_ref(),
+        &staging,
+    )?;
     status.timings.package_seconds = Some(seconds(t.elapsed()));
     status.firmware = manifest.firmware.iter().map(|f| f.file.clone()).collect();
+    status.user_space = manifest
+        .user_space
+        .iter()
+        .map(|f| f.file.clone())
+        .chain(manifest.links.iter().map(|l| l.file.clone()))
+        .collect();
     status.modules = modules.into_iter().map(|s| s.module).collect();
     status.artifact = Some(artifact.display().to_string());
     status.artifact_sha256 = Some(artifact_sha256);
@@ -1328,7 +1349,8 @@ fn sha256_file(path: &Path) -> Result<(String, u64)> {
 // ------------------------------------------------------------ artifact
 
 /// Bumped when the manifest's meaning changes.
-pub const MANIFEST_VERSION: u32 = 1;
+/// 2: user space (`userSpace`, `links`) from a `.run`'s `.manifest`.
+pub const MANIFEST_VERSION: u32 = 2;
 
 /// `manifest.json` inside the artifact: what was built, for what, with what,
 /// and the sha256 of every other file in the archive.
@@ -1352,6 +1374,29 @@ pub struct Manifest {
     /// Why `firmware` is empty, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub firmware_note: Option<String>,
+    /// NVIDIA's user space, at its place in a root filesystem.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_space: Vec<ManifestUserFile>,
+    /// SONAME and convenience links of the user space (not in the tar:
+    /// install creates them, after checking each target is a plain name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<ManifestLink>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestUserFile {
+    pub file: String,
+    pub size_bytes: u64,
+    pub sha256: String,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestLink {
+    pub file: String,
+    pub target: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1384,8 +1429,33 @@ fn write_artifact(
     mut manifest: Manifest,
     modules: &[Staged],
     firmware: &[PathBuf],
+    user_space: Option<&(PathBuf, Vec<crate::userspace::Placement>)>,
     staging: &Path,
 ) -> Result<(String, Manifest)> {
+    let mut user_files: Vec<(String, PathBuf, u32)> = Vec::new();
+    if let Some((base, placements)) = user_space {
+        for p in placements {
+            match p {
+                crate::userspace::Placement::File { src, dest, mode } => {
+                    let path = base.join(src);
+                    let (sha256, size_bytes) = sha256_file(&path)?;
+                    manifest.user_space.push(ManifestUserFile {
+                        file: dest.clone(),
+                        size_bytes,
+                        sha256,
+                        mode: *mode,
+                    });
+                    user_files.push((dest.clone(), path, *mode));
+                }
+                crate::userspace::Placement::Link { dest, target } => {
+                    manifest.links.push(ManifestLink {
+                        file: dest.clone(),
+                        target: target.clone(),
+                    })
+                }
+            }
+        }
+    }
     for fw in firmware {
         let (sha256, size_bytes) = sha256_file(fw)?;
         let name = fw
@@ -1427,16 +1497,17 @@ fn write_artifact(
         let enc = zstd::stream::write::Encoder::new(std::io::BufWriter::new(file), 3)
             .map_err(|e| Error::io(LOCAL_IO, "compressing", tmp.path(), e))?;
         let mut tar = tar::Builder::new(enc);
-        let mut entries: Vec<(String, PathBuf)> =
-            vec![("manifest.json".into(), manifest_path.clone())];
+        let mut entries: Vec<(String, PathBuf, u32)> =
+            vec![("manifest.json".into(), manifest_path.clone(), 0o644)];
         for m in modules {
-            entries.push((m.module.file.clone(), m.path.clone()));
+            entries.push((m.module.file.clone(), m.path.clone(), 0o644));
         }
         for (fw, entry) in firmware.iter().zip(&manifest.firmware) {
-            entries.push((entry.file.clone(), fw.clone()));
+            entries.push((entry.file.clone(), fw.clone(), 0o644));
         }
-        for (name, path) in entries {
-            append_file(&mut tar, &name, &path, mtime)
+        entries.extend(user_files);
+        for (name, path, mode) in entries {
+            append_file(&mut tar, &name, &path, mode, mtime)
                 .map_err(|e| Error::io(LOCAL_IO, &format!("packaging {name} from"), &path, e))?;
         }
         let enc = tar
@@ -1467,13 +1538,14 @@ fn append_file<W: Write>(
     tar: &mut tar::Builder<W>,
     name: &str,
     path: &Path,
+    mode: u32,
     mtime: u64,
 ) -> std::io::Result<()> {
     let mut f = File::open(path)?;
     let len = f.metadata()?.len();
     let mut header = tar::Header::new_gnu();
     header.set_size(len);
-    header.set_mode(0o644);
+    header.set_mode(mode);
     header.set_uid(0);
     header.set_gid(0);
     header.set_mtime(mtime);

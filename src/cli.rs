@@ -130,7 +130,7 @@ pub struct UninstallArgs {
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// nvidia-smi to run. Default: <host-root>/var/lib/gpu-driver/drivers/current/bin/nvidia-smi.
+    /// nvidia-smi to run. Default: <host-root>/var/lib/gpu-driver/drivers/current/usr/bin/nvidia-smi.
     #[arg(long, value_name = "PATH")]
     pub nvidia_smi: Option<PathBuf>,
     /// Expected driver version. Default: the current driver root's manifest.

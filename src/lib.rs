@@ -10,6 +10,7 @@ pub mod deb;
 pub mod detect;
 pub mod error;
 pub mod extract;
+pub mod failpoint;
 pub mod headers;
 pub mod host;
 pub mod load;
@@ -19,6 +20,7 @@ pub mod resolve;
 pub mod run;
 mod runfile;
 pub mod schema;
+pub mod userspace;
 pub mod verify;
 
 pub use error::{Error, Result};

@@ -138,6 +138,18 @@ pub struct ModuleState {
 pub struct UserSpace {
     pub present: bool,
     pub note: String,
+    /// Files and links placed (`usr/bin/nvidia-smi`, …), in the driver root.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+    /// The `ld.so.conf.d` entry written, as the host sees it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ld_so_conf: Option<String>,
+    /// The ldconfig command run for the host, or why it did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ldconfig: Option<String>,
+    /// `/run/nvidia/driver`, when it was pointed at the driver root.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_nvidia_driver: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -231,6 +243,10 @@ pub struct Manifest {
     pub modules: Vec<ManifestEntry>,
     #[serde(default)]
     pub firmware: Vec<ManifestEntry>,
+    #[serde(default)]
+    pub user_space: Vec<ManifestEntry>,
+    #[serde(default)]
+    pub links: Vec<ManifestLink>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -239,6 +255,25 @@ pub struct ManifestEntry {
     /// Path inside the artifact (`modules/nvidia.ko`).
     pub file: String,
     pub sha256: String,
+    /// Permission bits to give the placed file (user space: 0755).
+    #[serde(default)]
+    pub mode: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestLink {
+    /// The link, inside the artifact (`usr/lib/…/libcuda.so.1`).
+    pub file: String,
+    /// A name in the link's own directory.
+    pub target: String,
+}
+
+fn relative_plain(p: &str) -> bool {
+    !p.is_empty()
+        && Path::new(p)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
 }
 
 /// Reads `manifest.json` and checks every listed file's sha256.
@@ -256,7 +291,27 @@ pub fn check_artifact(dir: &Path) -> Result<Manifest> {
             format!("{} lists no modules", path.display()),
         ));
     }
-    for entry in manifest.modules.iter().chain(&manifest.firmware) {
+    for link in &manifest.links {
+        if !relative_plain(&link.file)
+            || link.target.contains('/')
+            || link.target.is_empty()
+            || link.target == ".."
+        {
+            return Err(Error::new(
+                Reason::ArtifactInvalid,
+                format!(
+                    "manifest link {:?} -> {:?} would leave its directory",
+                    link.file, link.target
+                ),
+            ));
+        }
+    }
+    for entry in manifest
+        .modules
+        .iter()
+        .chain(&manifest.firmware)
+        .chain(&manifest.user_space)
+    {
         let rel = Path::new(&entry.file);
         if !rel
             .components()
@@ -670,6 +725,129 @@ impl Drop for Staging {
     }
 }
 
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Staging directories, moved-aside roots and temporary links of runs that
+/// were killed; called with the host lock held, so none is in use.
+fn remove_leftovers(drivers: &Path) {
+    let Ok(entries) = fs::read_dir(drivers) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".staging-") || name.starts_with(".old-") {
+            tracing::info!(
+                "removing {} (left by an interrupted run)",
+                e.path().display()
+            );
+            remove_tree(&e.path());
+        } else if name.starts_with(".current.") {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Keeps the current and the previous driver root (to go back to); older
+/// roots go.
+fn collect_garbage(drivers: &Path, current: &str, previous: Option<&Path>) {
+    let keep_prev = previous
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_os_string());
+    let Ok(entries) = fs::read_dir(drivers) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if name == "current"
+            || name == current
+            || keep_prev.as_ref() == Some(&name)
+            || name.to_string_lossy().starts_with('.')
+        {
+            continue;
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            tracing::info!("removing old driver root {}", e.path().display());
+            remove_tree(&e.path());
+        }
+    }
+}
+
+/// A placed root still holds every module and user-space file of the
+/// manifest with its sha256 (firmware moved under `nvidia/<version>`).
+fn root_intact(dir: &Path, manifest: &Manifest) -> bool {
+    manifest
+        .modules
+        .iter()
+        .chain(&manifest.user_space)
+        .all(|e| {
+            crate::fetch::hash_file(&dir.join(&e.file))
+                .is_ok_and(|(sum, _)| sum.eq_ignore_ascii_case(&e.sha256))
+        })
+}
+
+/// Gives the user space its modes and creates its links, in the staging
+/// directory. Returns what was placed.
+fn place_user_space(staged: &Path, manifest: &Manifest) -> Result<Vec<String>> {
+    let mut placed = Vec::new();
+    for e in &manifest.user_space {
+        let path = staged.join(&e.file);
+        let mode = e.mode.unwrap_or(0o755) & 0o755;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+            .map_err(|err| Error::io(LOCAL_IO, "chmod", &path, err))?;
+        placed.push(e.file.clone());
+    }
+    for l in &manifest.links {
+        let path = staged.join(&l.file);
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(|e| Error::io(LOCAL_IO, "creating", dir, e))?;
+        }
+        let _ = fs::remove_file(&path);
+        std::os::unix::fs::symlink(&l.target, &path)
+            .map_err(|e| Error::io(LOCAL_IO, "creating", &path, e))?;
+        placed.push(l.file.clone());
+    }
+    Ok(placed)
+}
+
+/// Makes the current driver root's libraries visible on the host:
+/// `ld.so.conf.d` entry, ldconfig, `/run/nvidia/driver`. Failures are
+/// notes: the modules are loaded, and verify runs nvidia-smi with the
+/// driver root's library path regardless.
+fn register_user_space(root: &HostRoot, st: &mut InstallStatus) {
+    let current = Path::new(DRIVERS_DIR).join("current");
+    let Some(us) = st.user_space.as_mut() else {
+        return;
+    };
+    let conf = root.join(crate::userspace::LD_SO_CONF);
+    match crate::userspace::write_atomic(&conf, &crate::userspace::ld_so_conf_text(&current)) {
+        Ok(()) => us.ld_so_conf = Some(crate::userspace::LD_SO_CONF.to_string()),
+        Err(e) => st
+            .notes
+            .push(format!("ld.so.conf.d entry not written: {e}")),
+    }
+    match crate::userspace::run_ldconfig(root) {
+        Ok(cmd) => us.ldconfig = Some(cmd),
+        Err(e) => {
+            us.ldconfig = Some(format!("failed: {e}"));
+            st.notes.push(format!("ldconfig: {e}"));
+        }
+    }
+    match crate::userspace::link_run_nvidia_driver(root, &current) {
+        Ok(true) => us.run_nvidia_driver = Some(crate::userspace::RUN_NVIDIA_DRIVER.to_string()),
+        Ok(false) => st.notes.push(format!(
+            "{} exists and is not a link (another driver container?); left alone",
+            crate::userspace::RUN_NVIDIA_DRIVER
+        )),
+        Err(e) => st
+            .notes
+            .push(format!("{}: {e}", crate::userspace::RUN_NVIDIA_DRIVER)),
+    }
+}
+
 /// `<drivers>/current` → `name`, switched by renaming a fresh link over it.
 fn switch_current(drivers: &Path, name: &str) -> Result<()> {
     let current = drivers.join("current");
@@ -833,6 +1011,8 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
     // Unpack and check the artifact beside the driver roots.
     let drivers = root.join(DRIVERS_DIR);
     fs::create_dir_all(&drivers).map_err(|e| Error::io(LOCAL_IO, "creating", &drivers, e))?;
+    // Under the lock, anything half-made is a killed run's leftover.
+    remove_leftovers(&drivers);
     let mut staging = Staging {
         path: drivers.join(format!(".staging-{}", std::process::id())),
         keep: false,
@@ -947,43 +1127,70 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
         st.replaced = unload_all(&conflicting, &loaded)?;
     }
 
-    // Place the driver root (modules load from there).
+    // Place the driver root (modules load from there). Its name carries
+    // the manifest's hash, so a root is never replaced in place: a kill -9
+    // at any point leaves `current` pointing at a complete root.
+    crate::failpoint::hit("install:staged");
+    let manifest_sum = crate::fetch::hash_file(&staging.path.join("manifest.json"))
+        .map(|(sum, _)| sum)
+        .map_err(|e| Error::new(Reason::ArtifactInvalid, e.message))?;
     let name = format!(
-        "{}-{}-{}",
-        manifest.driver_version, manifest.flavor, release
+        "{}-{}-{}-{}",
+        manifest.driver_version,
+        manifest.flavor,
+        release,
+        &manifest_sum[..12.min(manifest_sum.len())]
     );
     let final_dir = drivers.join(&name);
     arrange_firmware(&staging.path, &manifest)?;
-    let has_user_space = staging.path.join("bin/nvidia-smi").is_file();
-    if final_dir.exists() {
-        let old = drivers.join(format!(".old-{name}-{}", std::process::id()));
-        fs::rename(&final_dir, &old)
-            .map_err(|e| Error::io(LOCAL_IO, "moving aside", &final_dir, e))?;
-        let placed = fs::rename(&staging.path, &final_dir);
-        if let Err(e) = placed {
-            let _ = fs::rename(&old, &final_dir);
-            return Err(Error::io(LOCAL_IO, "renaming into place", &final_dir, e));
-        }
-        remove_tree(&old);
+    let placed = place_user_space(&staging.path, &manifest)?;
+    let has_user_space = staging
+        .path
+        .join(crate::userspace::BIN_DIR)
+        .join("nvidia-smi")
+        .is_file();
+    if final_dir.exists() && root_intact(&final_dir, &manifest) {
+        // The same artifact was placed before (maybe by a run that was
+        // killed later): keep it, it may be in use.
+        tracing::info!("{} is already in place", final_dir.display());
     } else {
+        if final_dir.exists() {
+            let old = drivers.join(format!(".old-{name}-{}", std::process::id()));
+            fs::rename(&final_dir, &old)
+                .map_err(|e| Error::io(LOCAL_IO, "moving aside", &final_dir, e))?;
+            st.notes.push(format!(
+                "{} was damaged and is replaced",
+                final_dir.display()
+            ));
+        }
         fs::rename(&staging.path, &final_dir)
             .map_err(|e| Error::io(LOCAL_IO, "renaming into place", &final_dir, e))?;
+        staging.keep = true;
+        sync_dir(&drivers);
     }
-    staging.keep = true;
+    crate::failpoint::hit("install:placed");
     let host_dir = Path::new(DRIVERS_DIR).join(&name);
     st.driver_root = Some(host_dir.display().to_string());
     st.user_space = Some(if has_user_space {
         UserSpace {
             present: true,
             note: format!(
-                "bin/nvidia-smi and user-space files are in {}",
+                "nvidia-smi and NVIDIA's libraries are in {}",
                 host_dir.display()
             ),
+            files: placed,
+            ld_so_conf: None,
+            ldconfig: None,
+            run_nvidia_driver: None,
         }
     } else {
         UserSpace {
             present: false,
-            note: "the artifact has no user space (nvidia-smi, libcuda, libnvidia-ml): Debian's module sources never do; install NVIDIA's user space separately (e.g. into bin/ and lib/ of the driver root) for verify".into(),
+            note: "the artifact has no user space (nvidia-smi, libcuda, libnvidia-ml): it was built from module sources without one (Debian's module-source packages never have it); install NVIDIA's user space separately (into usr/bin and usr/lib of the driver root) for verify".into(),
+            files: placed,
+            ld_so_conf: None,
+            ldconfig: None,
+            run_nvidia_driver: None,
         }
     });
 
@@ -1093,7 +1300,14 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
             st.device_nodes.push(path);
         }
     }
+    crate::failpoint::hit("install:loaded");
+    let previous = fs::read_link(drivers.join("current")).ok();
     switch_current(&drivers, &name)?;
+    crate::failpoint::hit("install:switched");
+    if has_user_space {
+        register_user_space(root, st);
+    }
+    collect_garbage(&drivers, &name, previous.as_deref());
 
     if loaded_now.is_empty() {
         return Ok(Outcome::new(

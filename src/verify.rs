@@ -61,7 +61,7 @@ impl ResultDocument for VerifyResult {
 
 pub struct VerifyOptions<'a> {
     pub root: &'a HostRoot,
-    /// Default: `<host-root>/var/lib/gpu-driver/drivers/current/bin/nvidia-smi`.
+    /// Default: `<host-root>/var/lib/gpu-driver/drivers/current/usr/bin/nvidia-smi`.
     pub nvidia_smi: Option<PathBuf>,
     /// Default: the current driver root's manifest.
     pub driver_version: Option<String>,
@@ -140,8 +140,17 @@ fn installed_version(root: &HostRoot) -> Option<String> {
     v.get("driverVersion")?.as_str().map(str::to_string)
 }
 
+/// `current/usr/bin/nvidia-smi` (the artifact's layout); a hand-placed
+/// `current/bin/nvidia-smi` is taken when only that exists.
 pub fn default_nvidia_smi(root: &HostRoot) -> PathBuf {
-    current_root(root).join("bin/nvidia-smi")
+    let current = current_root(root);
+    let usr = current.join(crate::userspace::BIN_DIR).join("nvidia-smi");
+    let flat = current.join("bin/nvidia-smi");
+    if !usr.is_file() && flat.is_file() {
+        flat
+    } else {
+        usr
+    }
 }
 
 pub fn verify(opts: &VerifyOptions) -> VerifyResult {
@@ -182,24 +191,24 @@ fn verify_inner(root: &HostRoot, smi: &Path, st: &mut VerifyStatus) -> Result<St
             format!("{} does not exist", smi.display()),
         )
         .with_hint(
-            "the artifact carried no user space; install nvidia-smi into the driver root's bin/ or pass --nvidia-smi",
+            "the artifact carried no user space (built from module sources without one); build from NVIDIA's .run, install nvidia-smi into the driver root's usr/bin/, or pass --nvidia-smi",
         ));
     }
     let mut cmd = Command::new(smi);
     cmd.args(SMI_ARGS);
     // The driver root's own libraries (libnvidia-ml) before the system's.
-    if let Some(bin) = smi.parent() {
-        if let Some(dir) = bin.parent() {
-            let libs: Vec<String> = ["lib", "lib64"]
-                .iter()
-                .map(|l| dir.join(l))
-                .filter(|p| p.is_dir())
-                .map(|p| p.display().to_string())
-                .collect();
-            if !libs.is_empty() {
-                cmd.env("LD_LIBRARY_PATH", libs.join(":"));
+    let mut libs: Vec<String> = Vec::new();
+    for dir in smi.ancestors().skip(2).take(2) {
+        for l in [crate::userspace::lib_dir(), "lib".into(), "lib64".into()] {
+            let p = dir.join(l);
+            let shown = p.display().to_string();
+            if p.is_dir() && !libs.contains(&shown) {
+                libs.push(shown);
             }
         }
+    }
+    if !libs.is_empty() {
+        cmd.env("LD_LIBRARY_PATH", libs.join(":"));
     }
     let out = cmd
         .output()

@@ -396,7 +396,14 @@ fn unpack(artifact: &Path) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
-fn compile_succeeds(suite: &str, flavor: &str, tarball: &str, branch: &str) {
+/// The source a compile test builds: a path inside the root (Debian's
+/// tarball), or a `.run` on the host that is copied into the job first.
+enum Source<'a> {
+    InRoot(&'a str),
+    Runfile(PathBuf),
+}
+
+fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str) {
     let Some(root) = builder_root(suite) else {
         return;
     };
@@ -404,8 +411,16 @@ fn compile_succeeds(suite: &str, flavor: &str, tarball: &str, branch: &str) {
     let release = root_kernel_release(&root);
     let job = Job::new(&root, &format!("{suite}-{flavor}"));
     let out = job.inner("out");
+    let (source, from_run) = match &source {
+        Source::InRoot(p) => (p.to_string(), false),
+        Source::Runfile(run) => {
+            let inner = job.inner("NVIDIA-Linux.run");
+            fs::copy(run, job.outer(&inner)).unwrap();
+            (inner, true)
+        }
+    };
     let r = job.run(&[
-        "build", "--source", tarball, "--kernel", &release, "--flavor", flavor, "--out", &out,
+        "build", "--source", &source, "--kernel", &release, "--flavor", flavor, "--out", &out,
     ]);
     let s = &r.doc["status"];
     assert_eq!(
@@ -462,8 +477,8 @@ fn compile_succeeds(suite: &str, flavor: &str, tarball: &str, branch: &str) {
     assert_eq!(manifest["flavor"], flavor);
     assert!(manifest["compiler"].as_str().unwrap().contains("gcc"));
     assert!(manifest["builtAt"].as_str().unwrap().ends_with('Z'));
-    // Debian's module-source tarballs carry no GSP firmware; the manifest
-    // says so.
+    // Neither Debian's module-source tarballs nor the assembled .run carry
+    // GSP firmware; the manifest says so.
     assert_eq!(manifest["firmware"].as_array().unwrap().len(), 0);
     assert!(manifest["firmwareNote"].is_string());
     let listed = manifest["modules"].as_array().unwrap();
@@ -481,7 +496,57 @@ fn compile_succeeds(suite: &str, flavor: &str, tarball: &str, branch: &str) {
         assert_eq!(info.vermagic_release(), release);
         assert_eq!(info.version.as_deref(), Some(driver));
     }
-    assert_eq!(files.len(), 1 + listed.len(), "{:?}", files.keys());
+    let user = manifest["userSpace"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for f in &user {
+        let file = f["file"].as_str().unwrap();
+        assert_eq!(
+            f["sha256"].as_str().unwrap(),
+            sha256(&files[file]),
+            "{file}"
+        );
+        assert_eq!(f["mode"], 0o755, "{file}");
+    }
+    assert_eq!(
+        files.len(),
+        1 + listed.len() + user.len(),
+        "{:?}",
+        files.keys()
+    );
+    if from_run {
+        // NVIDIA's user space from the .run's .manifest, in the root layout.
+        let lib = format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+        let names: Vec<&str> = user.iter().map(|f| f["file"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "usr/bin/nvidia-smi".to_string(),
+                format!("{lib}/libnvidia-ml.so.{driver}"),
+                format!("{lib}/libcuda.so.{driver}"),
+            ],
+            "{manifest:#}"
+        );
+        let links: Vec<(&str, &str)> = manifest["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| (l["file"].as_str().unwrap(), l["target"].as_str().unwrap()))
+            .collect();
+        assert!(
+            links.contains(&(
+                &format!("{lib}/libnvidia-ml.so.1"),
+                &format!("libnvidia-ml.so.{driver}")
+            )),
+            "{links:?}"
+        );
+        assert_eq!(manifest["schemaVersion"], 2);
+        assert!(s["userSpace"].as_array().unwrap().len() >= 6, "{s}");
+        install_and_verify_real_user_space(&artifact, &release, driver, &files);
+    } else {
+        assert!(manifest.get("userSpace").is_none(), "{manifest:#}");
+    }
     // modinfo's depends made it into the manifest (nvidia-uvm needs nvidia).
     let uvm = listed.iter().find(|m| m["name"] == "nvidia_uvm").unwrap();
     assert!(
@@ -500,14 +565,162 @@ fn compile_succeeds(suite: &str, flavor: &str, tarball: &str, branch: &str) {
     job.remove();
 }
 
+/// The `.run` of `scripts/test-runfile` (NVIDIA's open module sources and
+/// user space, from Debian, in a real makeself archive); required in CI.
+fn test_runfile() -> Option<PathBuf> {
+    match std::env::var_os("GPU_DRIVER_TEST_RUNFILE") {
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "GPU_DRIVER_TEST_RUNFILE must name scripts/test-runfile's .run in CI"
+            );
+            eprintln!(
+                "GPU_DRIVER_TEST_RUNFILE is unset: building Debian's tarball instead of a .run \
+                 (GPU_DRIVER_TEST_RUNFILE=$(scripts/test-runfile ROOT))"
+            );
+            None
+        }
+    }
+}
+
 #[test]
 fn compile_bookworm_open_535() {
-    compile_succeeds(
-        "bookworm",
-        "open",
-        "/usr/src/nvidia-open-kernel.tar.xz",
-        "535.",
+    let source = match test_runfile() {
+        Some(run) => Source::Runfile(run),
+        None => Source::InRoot("/usr/src/nvidia-open-kernel.tar.xz"),
+    };
+    compile_succeeds("bookworm", "open", source, "535.");
+}
+
+/// Installs the built artifact into a fixture host root (one T4 on its PCI
+/// bus) whose `/proc/modules` says these very modules are loaded already
+/// (matched by srcversion/version), so that nothing reaches the kernel of
+/// the machine running the tests; then verify runs the placed, real
+/// nvidia-smi, which finds no NVIDIA kernel driver here and says so.
+fn install_and_verify_real_user_space(
+    artifact: &Path,
+    release: &str,
+    driver: &str,
+    files: &BTreeMap<String, Vec<u8>>,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let host = tmp.path().join("host");
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hosts/debian-12-t4-headers");
+    assert!(
+        Command::new("cp")
+            .arg("-a")
+            .arg(&fixture)
+            .arg(&host)
+            .status()
+            .unwrap()
+            .success()
     );
+    // A host has /dev (install creates the device nodes there).
+    fs::create_dir_all(host.join("dev")).unwrap();
+    fs::create_dir_all(host.join("sbin")).unwrap();
+    fs::copy("/sbin/ldconfig", host.join("sbin/ldconfig")).unwrap();
+    fs::write(
+        host.join("etc/ld.so.conf"),
+        "include /etc/ld.so.conf.d/*.conf\n",
+    )
+    .unwrap();
+    let mut modules = fs::read_to_string(fixture.join("proc/modules")).unwrap();
+    for m in ["nvidia", "nvidia-uvm", "nvidia-modeset"] {
+        let info = gpu_driver::modinfo::parse_modinfo(&files[&format!("modules/{m}.ko")]).unwrap();
+        let dir = host.join("sys/module").join(&info.name);
+        fs::create_dir_all(&dir).unwrap();
+        let src = info
+            .fields
+            .iter()
+            .find(|(k, _)| k == "srcversion")
+            .map(|(_, v)| v.clone());
+        // Without an identity install would try a real load: never here.
+        assert!(
+            src.is_some() || info.version.is_some(),
+            "{m} has no srcversion or version"
+        );
+        if let Some(v) = &info.version {
+            fs::write(dir.join("version"), v).unwrap();
+        }
+        if let Some(v) = src {
+            fs::write(dir.join("srcversion"), v).unwrap();
+        }
+        modules.push_str(&format!("{} 1 0 - Live 0x0\n", info.name));
+    }
+    fs::write(host.join("proc/modules"), modules).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"))
+            .args([
+                "--termination-log",
+                "/nonexistent",
+                "--host-root",
+                host.to_str().unwrap(),
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        finish(out)
+    };
+    let r = run(&[
+        "--kernel-release",
+        release,
+        "install",
+        "--no-drm",
+        "--artifact",
+        artifact.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        (r.code, reason(&r)),
+        (0, "AlreadyInstalled"),
+        "{}\n{}",
+        r.doc,
+        r.stderr
+    );
+    let us = &r.doc["status"]["userSpace"];
+    assert_eq!(us["present"], true, "{}", r.doc);
+    assert!(
+        us["ldconfig"].as_str().unwrap().contains("ldconfig -r"),
+        "{}",
+        r.doc
+    );
+    let current = host.join("var/lib/gpu-driver/drivers/current");
+    let smi = current.join("usr/bin/nvidia-smi");
+    assert!(smi.is_file());
+    // The host's ld.so.cache (real ldconfig -r) now resolves NVIDIA's
+    // libraries through the current driver root.
+    let cache = Command::new("/sbin/ldconfig")
+        .arg("-C")
+        .arg(host.join("etc/ld.so.cache"))
+        .arg("-p")
+        .output()
+        .unwrap();
+    let cache = String::from_utf8_lossy(&cache.stdout);
+    for soname in ["libnvidia-ml.so.1", "libcuda.so.1"] {
+        assert!(
+            cache.contains(&format!(
+                "{soname} (libc6,x86-64) => /var/lib/gpu-driver/drivers/current/"
+            )),
+            "{soname}: {cache}"
+        );
+    }
+    // NVIDIA's real nvidia-smi, with its real libnvidia-ml, finds no
+    // driver on this machine: VerifyFailed, quoting it.
+    let r = run(&["verify", "--driver-version", driver]);
+    assert_eq!(
+        (r.code, reason(&r)),
+        (15, "VerifyFailed"),
+        "{}\n{}",
+        r.doc,
+        r.stderr
+    );
+    let msg = message(&r);
+    assert!(
+        msg.contains("couldn't communicate with the NVIDIA driver"),
+        "{msg}"
+    );
+    eprintln!("verify with NVIDIA's nvidia-smi {driver} and no driver: {msg}");
 }
 
 #[test]
@@ -515,7 +728,7 @@ fn compile_bookworm_proprietary_535() {
     compile_succeeds(
         "bookworm",
         "proprietary",
-        "/usr/src/nvidia-kernel.tar.xz",
+        Source::InRoot("/usr/src/nvidia-kernel.tar.xz"),
         "535.",
     );
 }

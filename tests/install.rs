@@ -4,6 +4,7 @@
 //! loads themselves are tested in a VM (`scripts/vm-test`, `tests/vm.rs`).
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -183,7 +184,7 @@ fn verify_without_nvidia_smi_names_the_path() {
     assert_eq!(doc["status"]["reason"], "VerifyFailed");
     let msg = doc["status"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("var/lib/gpu-driver/drivers/current/bin/nvidia-smi does not exist"),
+        msg.contains("var/lib/gpu-driver/drivers/current/usr/bin/nvidia-smi does not exist"),
         "{msg}"
     );
     assert_eq!(doc["status"]["expectedGpuCount"], 1);
@@ -232,4 +233,325 @@ fn run_skips_a_node_without_gpu() {
     assert_eq!(doc["kind"], "RunResult");
     assert_eq!(doc["status"]["reason"], "NoGpu");
     assert_eq!(doc["status"]["steps"].as_array().unwrap().len(), 1);
+}
+
+// ------------------------------------------------- user space, kill -9
+
+/// A host root for the placement tests: the T4 fixture (one GPU on the
+/// PCI bus), the host's own static ldconfig, and a `/proc/modules` that
+/// lists `gpu_driver_test` as loaded at `version`, so install finds its
+/// module already in the kernel (`AlreadyInstalled`) and never calls
+/// finit_module on the machine running the tests. Everything else
+/// (unpack, checks, placement, links, ld.so.conf.d, ldconfig, the
+/// `current` switch) is the real code path.
+fn placement_host(dir: &Path, version: &str) -> PathBuf {
+    let host = dir.join("host");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(fixture("debian-12-t4-headers"))
+        .arg(&host)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::create_dir_all(host.join("sbin")).unwrap();
+    fs::copy("/sbin/ldconfig", host.join("sbin/ldconfig")).unwrap();
+    fs::write(
+        host.join("etc/ld.so.conf"),
+        "include /etc/ld.so.conf.d/*.conf\n",
+    )
+    .unwrap();
+    fs::create_dir_all(host.join("etc/ld.so.conf.d")).unwrap();
+    set_loaded(&host, version);
+    host
+}
+
+fn set_loaded(host: &Path, version: &str) {
+    let modules = fs::read_to_string(fixture("debian-12-t4-headers").join("proc/modules")).unwrap();
+    fs::write(
+        host.join("proc/modules"),
+        format!("{modules}gpu_driver_test 16384 0 - Live 0x0000000000000000\n"),
+    )
+    .unwrap();
+    let m = host.join("sys/module/gpu_driver_test");
+    fs::create_dir_all(&m).unwrap();
+    fs::write(m.join("version"), format!("{version}\n")).unwrap();
+}
+
+/// Compiles a real shared library (SONAME libnvidia-ml.so.1) and a real
+/// program linked against it that prints nvidia-smi's CSV for one T4 with
+/// `version`: the user space that install places and verify runs.
+fn user_space(dir: &Path, version: &str) -> (Vec<u8>, Vec<u8>) {
+    fs::create_dir_all(dir).unwrap();
+    let lib_c = dir.join("nvml.c");
+    fs::write(
+        &lib_c,
+        format!(
+            "const char *nvml_csv(void) {{ return \"Tesla T4, GPU-00000000-0000-0000-0000-000000000001, {version}, 15360 MiB\"; }}\n"
+        ),
+    )
+    .unwrap();
+    let lib = dir.join(format!("libnvidia-ml.so.{version}"));
+    let st = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
+        .arg(&lib)
+        .arg(&lib_c)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let link = dir.join("libnvidia-ml.so");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(lib.file_name().unwrap(), &link).unwrap();
+    let smi_c = dir.join("smi.c");
+    fs::write(
+        &smi_c,
+        "#include <stdio.h>\nconst char *nvml_csv(void);\nint main(void) { puts(nvml_csv()); return 0; }\n",
+    )
+    .unwrap();
+    let smi = dir.join("nvidia-smi");
+    let st = Command::new("gcc")
+        .arg("-o")
+        .arg(&smi)
+        .arg(&smi_c)
+        .arg("-L")
+        .arg(dir)
+        .arg("-lnvidia-ml")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    (fs::read(&smi).unwrap(), fs::read(&lib).unwrap())
+}
+
+fn lib_dir() -> String {
+    format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH)
+}
+
+/// An artifact directory in build's layout with user space: the module
+/// (version `version`), `usr/bin/nvidia-smi`, the library and its SONAME
+/// link.
+fn artifact_with_user_space(dir: &Path, release: &str, version: &str) {
+    let (smi, lib) = user_space(&dir.with_extension("src"), version);
+    let lib_name = format!("libnvidia-ml.so.{version}");
+    let ld = lib_dir();
+    fs::create_dir_all(dir.join("modules")).unwrap();
+    fs::create_dir_all(dir.join("usr/bin")).unwrap();
+    fs::create_dir_all(dir.join(&ld)).unwrap();
+    let ko = tiny_module(
+        format!("name=gpu_driver_test\0version={version}\0vermagic={release} SMP mod_unload \0")
+            .as_bytes(),
+    );
+    fs::write(dir.join("modules/gpu_driver_test.ko"), &ko).unwrap();
+    fs::write(dir.join("usr/bin/nvidia-smi"), &smi).unwrap();
+    fs::write(dir.join(&ld).join(&lib_name), &lib).unwrap();
+    let sum = |b: &[u8]| hex::encode(Sha256::digest(b));
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "driverVersion": version,
+        "flavor": "open",
+        "kernelRelease": release,
+        "modules": [{"name": "gpu_driver_test", "file": "modules/gpu_driver_test.ko", "sha256": sum(&ko)}],
+        "firmware": [],
+        "userSpace": [
+            {"file": "usr/bin/nvidia-smi", "sha256": sum(&smi), "sizeBytes": smi.len(), "mode": 0o755},
+            {"file": format!("{ld}/{lib_name}"), "sha256": sum(&lib), "sizeBytes": lib.len(), "mode": 0o755},
+        ],
+        "links": [{"file": format!("{ld}/libnvidia-ml.so.1"), "target": lib_name}],
+    });
+    fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).unwrap(),
+    )
+    .unwrap();
+}
+
+const RELEASE: &str = "6.1.0-50-cloud-amd64";
+
+fn install_args<'a>(host: &'a str, art: &'a str) -> Vec<&'a str> {
+    vec![
+        "--host-root",
+        host,
+        "--kernel-release",
+        RELEASE,
+        "install",
+        "--artifact",
+        art,
+    ]
+}
+
+fn current_target(host: &Path) -> String {
+    fs::read_link(host.join("var/lib/gpu-driver/drivers/current"))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// verify with the driver root's own nvidia-smi, expecting `version`.
+fn verifies(host: &Path, version: &str) -> Value {
+    let (code, doc) = run(&[
+        "--host-root",
+        host.to_str().unwrap(),
+        "verify",
+        "--driver-version",
+        version,
+    ]);
+    assert_eq!(
+        (code, &doc["status"]["reason"]),
+        (0, &Value::from("Verified")),
+        "{doc}"
+    );
+    doc
+}
+
+#[test]
+fn user_space_is_placed_registered_and_verified() {
+    if !is_root() {
+        eprintln!("skipped: needs root (install refuses otherwise)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let host = placement_host(tmp.path(), "1.0");
+    let art = tmp.path().join("a");
+    artifact_with_user_space(&art, RELEASE, "1.0");
+    let (code, doc) = run(&install_args(host.to_str().unwrap(), art.to_str().unwrap()));
+    assert_eq!(code, 0, "{doc}");
+    let s = &doc["status"];
+    assert_eq!(s["reason"], "AlreadyInstalled", "{doc}");
+    let us = &s["userSpace"];
+    assert_eq!(us["present"], true, "{doc}");
+    assert_eq!(us["ldSoConf"], "/etc/ld.so.conf.d/gpu-driver.conf");
+    assert!(
+        us["ldconfig"].as_str().unwrap().contains("ldconfig -r"),
+        "{doc}"
+    );
+    assert_eq!(us["runNvidiaDriver"], "/run/nvidia/driver");
+    let files: Vec<&str> = us["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(files.contains(&"usr/bin/nvidia-smi"), "{files:?}");
+
+    // The versioned root, `current`, the link, modes.
+    let root_name = current_target(&host);
+    assert!(
+        root_name.starts_with(&format!("1.0-open-{RELEASE}-")),
+        "{root_name}"
+    );
+    let current = host.join("var/lib/gpu-driver/drivers/current");
+    let ld = lib_dir();
+    assert_eq!(
+        fs::read_link(current.join(&ld).join("libnvidia-ml.so.1")).unwrap(),
+        Path::new("libnvidia-ml.so.1.0")
+    );
+    let mode = fs::metadata(current.join("usr/bin/nvidia-smi"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o755);
+    // ld.so.conf.d names the current root's library directory, and the
+    // host's cache (written by the real ldconfig -r) resolves the SONAME
+    // through it.
+    let conf = fs::read_to_string(host.join("etc/ld.so.conf.d/gpu-driver.conf")).unwrap();
+    assert!(
+        conf.contains(&format!("/var/lib/gpu-driver/drivers/current/{ld}\n")),
+        "{conf}"
+    );
+    let cache = Command::new("/sbin/ldconfig")
+        .arg("-C")
+        .arg(host.join("etc/ld.so.cache"))
+        .arg("-p")
+        .output()
+        .unwrap();
+    let cache = String::from_utf8_lossy(&cache.stdout);
+    assert!(
+        cache.contains(&format!(
+            "libnvidia-ml.so.1 (libc6,x86-64) => /var/lib/gpu-driver/drivers/current/{ld}/libnvidia-ml.so.1"
+        )),
+        "{cache}"
+    );
+    assert_eq!(
+        fs::read_link(host.join("run/nvidia/driver")).unwrap(),
+        Path::new("/var/lib/gpu-driver/drivers/current")
+    );
+    // verify runs the placed nvidia-smi, which needs the placed library.
+    let doc = verifies(&host, "1.0");
+    assert_eq!(doc["status"]["gpus"][0]["name"], "Tesla T4");
+
+    // The same artifact again: nothing changes, the root is reused.
+    let (code, doc) = run(&install_args(host.to_str().unwrap(), art.to_str().unwrap()));
+    assert_eq!(
+        (code, &doc["status"]["reason"]),
+        (0, &Value::from("AlreadyInstalled"))
+    );
+    assert_eq!(current_target(&host), root_name);
+}
+
+#[test]
+fn a_kill_9_at_any_point_leaves_a_usable_driver_and_the_next_run_completes() {
+    if !is_root() {
+        eprintln!("skipped: needs root (install refuses otherwise)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let host = placement_host(tmp.path(), "1.0");
+    let hs = host.to_str().unwrap().to_string();
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("b");
+    artifact_with_user_space(&a, RELEASE, "1.0");
+    artifact_with_user_space(&b, RELEASE, "2.0");
+    let install = |art: &Path| {
+        let (code, doc) = run(&install_args(&hs, art.to_str().unwrap()));
+        assert_eq!(code, 0, "{doc}");
+    };
+    install(&a);
+    let a_root = current_target(&host);
+    let drivers = host.join("var/lib/gpu-driver/drivers");
+
+    for point in [
+        "install:staged",
+        "install:placed",
+        "install:loaded",
+        "install:switched",
+    ] {
+        // The kernel side of B (its module loaded) is what a crash after
+        // the load leaves; the fixture's /proc/modules says so.
+        set_loaded(&host, "2.0");
+        let out = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"))
+            .args(["--termination-log", "/nonexistent/termination-log"])
+            .args(install_args(&hs, b.to_str().unwrap()))
+            .env("GPU_DRIVER_FAILPOINT", point)
+            .output()
+            .unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&out.status),
+            Some(9),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Still usable: `current` names a complete root whose nvidia-smi
+        // runs: the old one until the switch, the new one after it.
+        let (want_root_is_a, version) = if point == "install:switched" {
+            (false, "2.0")
+        } else {
+            (true, "1.0")
+        };
+        assert_eq!(current_target(&host) == a_root, want_root_is_a, "{point}");
+        verifies(&host, version);
+
+        // The next run completes and cleans up what the killed one left.
+        install(&b);
+        assert_ne!(current_target(&host), a_root, "{point}");
+        verifies(&host, "2.0");
+        let left: Vec<String> = fs::read_dir(&drivers)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{point}: {left:?}");
+
+        // Back to A for the next point (its root was kept as the previous).
+        set_loaded(&host, "1.0");
+        install(&a);
+        assert_eq!(current_target(&host), a_root, "{point}");
+    }
 }

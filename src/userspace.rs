@@ -1,0 +1,454 @@
+//! NVIDIA's user space (nvidia-smi, libnvidia-ml, libcuda, …): chosen from a
+//! `.run`'s `.manifest` at build time, carried in the artifact under a
+//! root-filesystem layout (`usr/bin`, `usr/lib/<triplet>`), and registered
+//! on the host at install time (`ld.so.conf.d`, ldconfig,
+//! `/run/nvidia/driver`).
+//!
+//! Only what a headless compute node needs is taken: utilities, the NVML,
+//! CUDA, OpenCL and video-codec libraries and their SONAME links. OpenGL,
+//! X, Vulkan, 32-bit compat and documentation entries are left out.
+
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+
+use crate::error::{Error, Result};
+use crate::host::HostRoot;
+use crate::report::Reason;
+
+/// Utilities, inside the artifact and the driver root.
+pub const BIN_DIR: &str = "usr/bin";
+/// The ld.so.conf.d entry install writes on the host.
+pub const LD_SO_CONF: &str = "/etc/ld.so.conf.d/gpu-driver.conf";
+/// Where the NVIDIA GPU Operator's container toolkit and device plugin look
+/// for a containerized driver's root filesystem.
+pub const RUN_NVIDIA_DRIVER: &str = "/run/nvidia/driver";
+
+/// Libraries, inside the artifact and the driver root: Debian's multiarch
+/// directory, which the container toolkit searches in a driver root.
+pub fn lib_dir() -> String {
+    format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH)
+}
+
+/// One entry of NVIDIA's `.manifest`: `name perms TYPE [fields…]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DotManifestEntry {
+    pub name: String,
+    pub mode: u32,
+    pub kind: String,
+    /// The fields after the type, without the trailing `MODULE:…`.
+    pub fields: Vec<String>,
+}
+
+/// Parses a `.manifest`: the header lines (description, version, …) are
+/// skipped by shape; an entry has an octal mode and an upper-case type.
+pub fn parse_dot_manifest(text: &str) -> Vec<DotManifestEntry> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(name), Some(mode), Some(kind)) = (words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        let Ok(mode) = u32::from_str_radix(mode, 8) else {
+            continue;
+        };
+        if mode > 0o7777
+            || !kind
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        {
+            continue;
+        }
+        let fields = words
+            .filter(|w| !w.starts_with("MODULE:"))
+            .map(str::to_string)
+            .collect();
+        out.push(DotManifestEntry {
+            name: name.to_string(),
+            mode,
+            kind: kind.to_string(),
+            fields,
+        });
+    }
+    out
+}
+
+/// What goes into the artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// A file of the package (`src`, relative to the `.manifest`'s
+    /// directory) at `dest` in the artifact.
+    File {
+        src: String,
+        dest: String,
+        mode: u32,
+    },
+    /// A symbolic link at `dest` to `target` (a name in the same directory).
+    Link { dest: String, target: String },
+}
+
+const BINARIES: &[&str] = &["UTILITY_BINARY"];
+const LIBRARIES: &[&str] = &[
+    "UTILITY_LIB",
+    "CUDA_LIB",
+    "OPENCL_LIB",
+    "NVCUVID_LIB",
+    "ENCODEAPI_LIB",
+];
+const LIB_LINKS: &[&str] = &[
+    "UTILITY_LIB_SYMLINK",
+    "CUDA_SYMLINK",
+    "OPENCL_LIB_SYMLINK",
+    "NVCUVID_LIB_SYMLINK",
+    "ENCODEAPI_LIB_SYMLINK",
+];
+const BIN_LINKS: &[&str] = &["UTILITY_BIN_SYMLINK"];
+
+/// A relative path of plain components only.
+fn safe_relative(p: &str) -> bool {
+    !p.is_empty()
+        && Path::new(p)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+fn base_name(p: &str) -> Option<&str> {
+    Path::new(p).file_name().and_then(|n| n.to_str())
+}
+
+/// The compute user space of a `.manifest`, in its order. Entries with an
+/// unsafe path or link target are dropped (with a warning): the manifest
+/// comes from a downloaded package and must not place files outside the
+/// driver root.
+pub fn select(entries: &[DotManifestEntry]) -> Vec<Placement> {
+    let lib = lib_dir();
+    let mut out = Vec::new();
+    for e in entries {
+        let kind = e.kind.as_str();
+        // Library entries name their architecture first; 32-bit compat
+        // libraries serve no compute container.
+        let arch_ok = e.fields.first().is_none_or(|a| a != "COMPAT32");
+        let Some(name) = base_name(&e.name).filter(|_| safe_relative(&e.name)) else {
+            tracing::warn!("ignoring .manifest entry {:?}: not a safe path", e.name);
+            continue;
+        };
+        if BINARIES.contains(&kind) {
+            out.push(Placement::File {
+                src: e.name.clone(),
+                dest: format!("{BIN_DIR}/{name}"),
+                mode: 0o755,
+            });
+        } else if LIBRARIES.contains(&kind) && arch_ok {
+            out.push(Placement::File {
+                src: e.name.clone(),
+                dest: format!("{lib}/{name}"),
+                mode: 0o755,
+            });
+        } else if (LIB_LINKS.contains(&kind) && arch_ok) || BIN_LINKS.contains(&kind) {
+            // The link's target is the last field (after the arch and an
+            // optional subdirectory); it must name a file beside the link.
+            let Some(target) = e
+                .fields
+                .last()
+                .filter(|t| safe_relative(t) && !t.contains('/') && t.as_str() != "NATIVE")
+            else {
+                tracing::warn!("ignoring .manifest link {:?}: no safe target", e.name);
+                continue;
+            };
+            let dir = if BIN_LINKS.contains(&kind) {
+                BIN_DIR
+            } else {
+                lib.as_str()
+            };
+            out.push(Placement::Link {
+                dest: format!("{dir}/{name}"),
+                target: target.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Finds the `.manifest` of an extracted `.run` (at the top, or one
+/// directory down); `None` for sources without one (Debian's tarballs).
+pub fn find_dot_manifest(extracted: &Path) -> Option<PathBuf> {
+    let top = extracted.join(".manifest");
+    if top.is_file() {
+        return Some(top);
+    }
+    let mut dirs: Vec<PathBuf> = fs::read_dir(extracted)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path().join(".manifest"))
+        .filter(|p| p.is_file())
+        .collect();
+    dirs.sort();
+    dirs.into_iter().next()
+}
+
+/// Reads and selects the user space of an extracted package: the
+/// placements and the directory their `src` paths are relative to. Every
+/// selected file must exist (`ArchiveInvalid` otherwise).
+pub fn collect(extracted: &Path) -> Result<Option<(PathBuf, Vec<Placement>)>> {
+    let Some(manifest) = find_dot_manifest(extracted) else {
+        return Ok(None);
+    };
+    let text = fs::read_to_string(&manifest)
+        .map_err(|e| Error::io(Reason::ArchiveInvalid, "reading", &manifest, e))?;
+    let base = manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| extracted.to_path_buf());
+    let placements = select(&parse_dot_manifest(&text));
+    for p in &placements {
+        if let Placement::File { src, .. } = p {
+            let path = base.join(src);
+            let meta = fs::symlink_metadata(&path).map_err(|e| {
+                Error::io(Reason::ArchiveInvalid, "reading", &path, e).with_hint(
+                    "the package's .manifest lists a file the package does not hold; download it again",
+                )
+            })?;
+            if !meta.is_file() {
+                return Err(Error::new(
+                    Reason::ArchiveInvalid,
+                    format!(
+                        "{} is listed in {} but is not a regular file",
+                        path.display(),
+                        manifest.display()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(Some((base, placements)))
+}
+
+// ------------------------------------------------------------ on the host
+
+/// The host's ldconfig and its arguments: Debian's `/sbin/ldconfig` may be
+/// a shell wrapper around `ldconfig.real`, which is static, so the real one
+/// is preferred; `-r ROOT` makes it read and write the host's
+/// configuration and cache when the host root is not `/`.
+pub fn ldconfig_command(root: &HostRoot) -> Option<(PathBuf, Vec<OsString>)> {
+    let found = [
+        "/sbin/ldconfig.real",
+        "/usr/sbin/ldconfig.real",
+        "/sbin/ldconfig",
+        "/usr/sbin/ldconfig",
+    ]
+    .iter()
+    .find_map(|p| root.resolve(p).filter(|r| r.is_file()))?;
+    let mut args = Vec::new();
+    if root.path() != Path::new("/") {
+        args.push(OsString::from("-r"));
+        args.push(root.path().as_os_str().to_os_string());
+    }
+    Some((found, args))
+}
+
+/// Runs ldconfig for the host; the error carries its stderr tail.
+pub fn run_ldconfig(root: &HostRoot) -> std::result::Result<String, String> {
+    let Some((cmd, args)) = ldconfig_command(root) else {
+        return Err(format!(
+            "no ldconfig under {} (looked for /sbin/ldconfig(.real), /usr/sbin/ldconfig(.real))",
+            root.path().display()
+        ));
+    };
+    let shown = format!(
+        "{} {}",
+        cmd.display(),
+        args.iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let out = Command::new(&cmd)
+        .args(&args)
+        .output()
+        .map_err(|e| format!("running {shown}: {e}"))?;
+    if out.status.success() {
+        Ok(shown.trim().to_string())
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        Err(format!(
+            "{shown} exited with {}: {}",
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ))
+    }
+}
+
+/// The `ld.so.conf.d` line: the current driver root's library directory,
+/// as the host sees it, so that switching `current` needs no rewrite.
+pub fn ld_so_conf_text(current: &Path) -> String {
+    format!(
+        "# Written by gpu-driver-installer: NVIDIA's libraries of the current driver root.\n{}\n",
+        current.join(lib_dir()).display()
+    )
+}
+
+/// Writes `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    fs::create_dir_all(dir).map_err(|e| Error::io(Reason::Internal, "creating", dir, e))?;
+    if fs::read_to_string(path).is_ok_and(|t| t == text) {
+        return Ok(());
+    }
+    let tmp = dir.join(format!(
+        ".{}.{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    fs::write(&tmp, text).map_err(|e| Error::io(Reason::Internal, "writing", &tmp, e))?;
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(Reason::Internal, "renaming into place", path, e)
+    })
+}
+
+/// Points `<root>/run/nvidia/driver` at the current driver root, unless
+/// something other than a symlink is there (the GPU Operator's own driver
+/// container mounts a directory there; it is left alone).
+pub fn link_run_nvidia_driver(
+    root: &HostRoot,
+    current: &Path,
+) -> std::result::Result<bool, String> {
+    let path = root.join(RUN_NVIDIA_DRIVER);
+    match fs::symlink_metadata(&path) {
+        Ok(m) if !m.file_type().is_symlink() => {
+            return Ok(false);
+        }
+        Ok(_) => {
+            if fs::read_link(&path).is_ok_and(|t| t == current) {
+                return Ok(true);
+            }
+        }
+        Err(_) => {}
+    }
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let tmp = dir.join(format!(".driver.{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(current, &tmp)
+        .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    fs::rename(&tmp, &path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        format!("renaming {} into place: {e}", path.display())
+    })?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In the layout of NVIDIA's 535 `.run` `.manifest` (written from the
+    /// format that distribution packagers parse, not copied from a package).
+    const MANIFEST: &str = "\
+NVIDIA Accelerated Graphics Driver for Linux-x86_64 535.261.03
+535.261.03
+KERNEL_MODULE_SRC INHERIT_PATH_DEPTH:1 MODULE:nvidia
+x86_64
+nvidia nvidia-uvm nvidia-modeset nvidia-drm nvidia-peermem
+kernel/nvidia.ko
+kernel-open
+EXTRA
+kernel/nvidia/nv.c 0644 KERNEL_MODULE_SRC INHERIT_PATH_DEPTH:1 MODULE:nvidia
+nvidia-smi 0755 UTILITY_BINARY MODULE:nvidia
+nvidia-smi.1.gz 0644 MANPAGE MODULE:nvidia
+nvidia-debugdump 0755 UTILITY_BINARY MODULE:nvidia
+libnvidia-ml.so.535.261.03 0755 UTILITY_LIB NATIVE MODULE:nvidia
+libnvidia-ml.so.1 0000 UTILITY_LIB_SYMLINK NATIVE libnvidia-ml.so.535.261.03 MODULE:nvidia
+libcuda.so.535.261.03 0755 CUDA_LIB NATIVE MODULE:nvidia
+libcuda.so.1 0000 CUDA_SYMLINK NATIVE libcuda.so.535.261.03 MODULE:nvidia
+libcuda.so 0000 CUDA_SYMLINK NATIVE libcuda.so.1 MODULE:nvidia
+32/libcuda.so.535.261.03 0755 CUDA_LIB COMPAT32 MODULE:nvidia
+32/libcuda.so.1 0000 CUDA_SYMLINK COMPAT32 libcuda.so.535.261.03 MODULE:nvidia
+libGLX_nvidia.so.535.261.03 0755 GLX_CLIENT_LIB NATIVE GLVND MODULE:opengl
+firmware/gsp_ga10x.bin 0644 FIRMWARE INHERIT_PATH_DEPTH:1 MODULE:nvidia
+../../etc/evil 0755 UTILITY_BINARY MODULE:nvidia
+libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidia
+";
+
+    #[test]
+    fn parses_entries_and_skips_the_header() {
+        let e = parse_dot_manifest(MANIFEST);
+        assert_eq!(e[0].name, "kernel/nvidia/nv.c");
+        assert_eq!(e[0].kind, "KERNEL_MODULE_SRC");
+        assert_eq!(e[0].fields, ["INHERIT_PATH_DEPTH:1"]);
+        let link = e.iter().find(|e| e.name == "libcuda.so.1").unwrap();
+        assert_eq!(link.mode, 0);
+        assert_eq!(link.fields, ["NATIVE", "libcuda.so.535.261.03"]);
+        assert!(e.iter().all(|e| !e.name.starts_with("NVIDIA")));
+    }
+
+    #[test]
+    fn selects_compute_user_space_only() {
+        let lib = lib_dir();
+        let p = select(&parse_dot_manifest(MANIFEST));
+        let f = |src: &str, dest: String| Placement::File {
+            src: src.into(),
+            dest,
+            mode: 0o755,
+        };
+        let l = |dest: String, target: &str| Placement::Link {
+            dest,
+            target: target.into(),
+        };
+        assert_eq!(
+            p,
+            vec![
+                f("nvidia-smi", "usr/bin/nvidia-smi".into()),
+                f("nvidia-debugdump", "usr/bin/nvidia-debugdump".into()),
+                f(
+                    "libnvidia-ml.so.535.261.03",
+                    format!("{lib}/libnvidia-ml.so.535.261.03")
+                ),
+                l(
+                    format!("{lib}/libnvidia-ml.so.1"),
+                    "libnvidia-ml.so.535.261.03"
+                ),
+                f(
+                    "libcuda.so.535.261.03",
+                    format!("{lib}/libcuda.so.535.261.03")
+                ),
+                l(format!("{lib}/libcuda.so.1"), "libcuda.so.535.261.03"),
+                l(format!("{lib}/libcuda.so"), "libcuda.so.1"),
+            ]
+        );
+    }
+
+    #[test]
+    fn ld_so_conf_names_the_current_library_directory() {
+        let text = ld_so_conf_text(Path::new("/var/lib/gpu-driver/drivers/current"));
+        assert!(text.ends_with(&format!(
+            "/var/lib/gpu-driver/drivers/current/{}\n",
+            lib_dir()
+        )));
+    }
+
+    #[test]
+    fn ldconfig_gets_the_host_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join("usr/sbin")).unwrap();
+        std::os::unix::fs::symlink("usr/sbin", tmp.path().join("sbin")).unwrap();
+        fs::write(tmp.path().join("usr/sbin/ldconfig"), "").unwrap();
+        let root = HostRoot::new(tmp.path().to_path_buf(), crate::host::HostRootSource::Flag);
+        let (cmd, args) = ldconfig_command(&root).unwrap();
+        assert_eq!(cmd, tmp.path().join("usr/sbin/ldconfig"));
+        assert_eq!(args, [OsString::from("-r"), tmp.path().as_os_str().into()]);
+        let empty = tempfile::tempdir().unwrap();
+        let none = HostRoot::new(
+            empty.path().to_path_buf(),
+            crate::host::HostRootSource::Flag,
+        );
+        assert!(ldconfig_command(&none).is_none());
+        assert!(run_ldconfig(&none).unwrap_err().contains("no ldconfig"));
+    }
+}
