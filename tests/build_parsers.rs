@@ -527,3 +527,31 @@ fn timestamps_are_rfc3339_utc() {
     let t = UNIX_EPOCH + Duration::from_secs(1_798_200_065);
     assert_eq!(rfc3339_utc(t), "2026-12-25T12:01:05Z");
 }
+
+#[test]
+fn modules_of_nvidia_and_other_trees() {
+    use gpu_driver::build::collect_modules;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    // An NVIDIA tree without nvidia.ko failed, whatever else it built.
+    std::fs::create_dir(t.join("nvidia")).unwrap();
+    std::fs::write(t.join("other.ko"), "").unwrap();
+    assert_eq!(
+        collect_modules(t).unwrap_err().reason,
+        gpu_driver::Reason::BuildFailed
+    );
+    std::fs::write(t.join("nvidia.ko"), "").unwrap();
+    std::fs::write(t.join("nvidia-uvm.ko"), "").unwrap();
+    assert_eq!(
+        collect_modules(t).unwrap(),
+        [t.join("nvidia.ko"), t.join("nvidia-uvm.ko")]
+    );
+    // Another tree (the VM test's module): its own modules.
+    let o = tempfile::tempdir().unwrap();
+    assert!(collect_modules(o.path()).is_err());
+    std::fs::write(o.path().join("hello.ko"), "").unwrap();
+    assert_eq!(
+        collect_modules(o.path()).unwrap(),
+        [o.path().join("hello.ko")]
+    );
+}

@@ -39,6 +39,26 @@ step hello-again install --artifact /artifacts/hello.tar.zst
 step hello-uninstall uninstall --module hello
 step nvidia install --artifact /artifacts/nvidia.tar.zst
 step run run --artifact /artifacts/nvidia.tar.zst
+
+# The two ways onto a host (docs/install.md). By hand, through PID 1's
+# namespaces:
+nsenter -t 1 -m -u -i -n -p -- gpu-driver-installer --log-level info \
+  --output /tmp/nsenter.json run 2>/tmp/nsenter.err
+rc=$?
+echo "@@BEGIN nsenter rc=$rc@@"
+cat /tmp/nsenter.json
+echo "@@END nsenter@@"
+# As from a privileged hostPID pod: another mount namespace and root (no
+# /etc, no /sys of its own), the host's files reached through /proc/1/root.
+mkdir -p /pod/bin /pod/proc /pod/tmp
+cp /bin/gpu-driver-installer /pod/bin/
+mount -t proc proc /pod/proc
+unshare -m chroot /pod /bin/gpu-driver-installer --host-root /proc/1/root \
+  --log-level info --output /tmp/pod.json detect 2>/pod/tmp/pod.err
+rc=$?
+echo "@@BEGIN pod rc=$rc@@"
+cat /pod/tmp/pod.json
+echo "@@END pod@@"
 echo "@@BEGIN dmesg@@"
 dmesg | grep -E 'gpu-driver-hello|NVRM|nvidia' | tail -n 20
 echo "@@END dmesg@@"
