@@ -25,6 +25,9 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+
+#[path = "support/host.rs"]
+mod host_support;
 use sha2::{Digest, Sha256};
 
 fn bin() -> Command {
@@ -605,51 +608,24 @@ fn install_and_verify_real_user_space(
     files: &BTreeMap<String, Vec<u8>>,
 ) {
     let tmp = tempfile::tempdir().unwrap();
-    let host = tmp.path().join("host");
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hosts/debian-12-t4-headers");
-    assert!(
-        Command::new("cp")
-            .arg("-a")
-            .arg(&fixture)
-            .arg(&host)
-            .status()
-            .unwrap()
-            .success()
-    );
-    // A host has /dev (install creates the device nodes there).
-    fs::create_dir_all(host.join("dev")).unwrap();
-    fs::create_dir_all(host.join("sbin")).unwrap();
-    fs::copy("/sbin/ldconfig", host.join("sbin/ldconfig")).unwrap();
-    fs::write(
-        host.join("etc/ld.so.conf"),
-        "include /etc/ld.so.conf.d/*.conf\n",
-    )
-    .unwrap();
-    let mut modules = fs::read_to_string(fixture.join("proc/modules")).unwrap();
-    for m in ["nvidia", "nvidia-uvm", "nvidia-modeset"] {
-        let info = gpu_driver::modinfo::parse_modinfo(&files[&format!("modules/{m}.ko")]).unwrap();
-        let dir = host.join("sys/module").join(&info.name);
-        fs::create_dir_all(&dir).unwrap();
-        let src = info
-            .fields
-            .iter()
-            .find(|(k, _)| k == "srcversion")
-            .map(|(_, v)| v.clone());
-        // Without an identity install would try a real load: never here.
-        assert!(
-            src.is_some() || info.version.is_some(),
-            "{m} has no srcversion or version"
-        );
-        if let Some(v) = &info.version {
-            fs::write(dir.join("version"), v).unwrap();
-        }
-        if let Some(v) = src {
-            fs::write(dir.join("srcversion"), v).unwrap();
-        }
-        modules.push_str(&format!("{} 1 0 - Live 0x0\n", info.name));
-    }
-    fs::write(host.join("proc/modules"), modules).unwrap();
+    let host = host_support::installable_host(tmp.path());
+    let infos: Vec<_> = ["nvidia", "nvidia-uvm", "nvidia-modeset"]
+        .iter()
+        .map(|m| gpu_driver::modinfo::parse_modinfo(&files[&format!("modules/{m}.ko")]).unwrap())
+        .collect();
+    let loaded: Vec<host_support::Loaded> = infos
+        .iter()
+        .map(|i| host_support::Loaded {
+            name: &i.name,
+            version: i.version.as_deref(),
+            srcversion: i
+                .fields
+                .iter()
+                .find(|(k, _)| k == "srcversion")
+                .map(|(_, v)| v.as_str()),
+        })
+        .collect();
+    host_support::mark_loaded(&host, &loaded);
     let run = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"))
             .args([

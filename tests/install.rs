@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+#[path = "support/host.rs"]
+mod host_support;
 use sha2::{Digest, Sha256};
 
 fn fixture(name: &str) -> PathBuf {
@@ -245,36 +248,20 @@ fn run_skips_a_node_without_gpu() {
 /// (unpack, checks, placement, links, ld.so.conf.d, ldconfig, the
 /// `current` switch) is the real code path.
 fn placement_host(dir: &Path, version: &str) -> PathBuf {
-    let host = dir.join("host");
-    let st = Command::new("cp")
-        .arg("-a")
-        .arg(fixture("debian-12-t4-headers"))
-        .arg(&host)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    fs::create_dir_all(host.join("sbin")).unwrap();
-    fs::copy("/sbin/ldconfig", host.join("sbin/ldconfig")).unwrap();
-    fs::write(
-        host.join("etc/ld.so.conf"),
-        "include /etc/ld.so.conf.d/*.conf\n",
-    )
-    .unwrap();
-    fs::create_dir_all(host.join("etc/ld.so.conf.d")).unwrap();
+    let host = host_support::installable_host(dir);
     set_loaded(&host, version);
     host
 }
 
 fn set_loaded(host: &Path, version: &str) {
-    let modules = fs::read_to_string(fixture("debian-12-t4-headers").join("proc/modules")).unwrap();
-    fs::write(
-        host.join("proc/modules"),
-        format!("{modules}gpu_driver_test 16384 0 - Live 0x0000000000000000\n"),
-    )
-    .unwrap();
-    let m = host.join("sys/module/gpu_driver_test");
-    fs::create_dir_all(&m).unwrap();
-    fs::write(m.join("version"), format!("{version}\n")).unwrap();
+    host_support::mark_loaded(
+        host,
+        &[host_support::Loaded {
+            name: "gpu_driver_test",
+            version: Some(version),
+            srcversion: None,
+        }],
+    );
 }
 
 /// Compiles a real shared library (SONAME libnvidia-ml.so.1) and a real
