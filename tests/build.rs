@@ -666,13 +666,7 @@ fn install_and_verify_real_user_space(
     assert!(smi.is_file());
     // The host's ld.so.cache (real ldconfig -r) now resolves NVIDIA's
     // libraries through the current driver root.
-    let cache = Command::new("/sbin/ldconfig")
-        .arg("-C")
-        .arg(host.join("etc/ld.so.cache"))
-        .arg("-p")
-        .output()
-        .unwrap();
-    let cache = String::from_utf8_lossy(&cache.stdout);
+    let cache = host_support::ld_cache(&host);
     for soname in ["libnvidia-ml.so.1", "libcuda.so.1"] {
         assert!(
             cache.contains(&format!(

@@ -443,13 +443,7 @@ fn user_space_is_placed_registered_and_verified() {
         conf.contains(&format!("/var/lib/gpu-driver/drivers/current/{ld}\n")),
         "{conf}"
     );
-    let cache = Command::new("/sbin/ldconfig")
-        .arg("-C")
-        .arg(host.join("etc/ld.so.cache"))
-        .arg("-p")
-        .output()
-        .unwrap();
-    let cache = String::from_utf8_lossy(&cache.stdout);
+    let cache = host_support::ld_cache(&host);
     assert!(
         cache.contains(&format!(
             "libnvidia-ml.so.1 (libc6,x86-64) => /var/lib/gpu-driver/drivers/current/{ld}/libnvidia-ml.so.1"

@@ -67,3 +67,14 @@ pub fn mark_loaded(host: &Path, modules: &[Loaded]) {
     }
     fs::write(host.join("proc/modules"), text).unwrap();
 }
+
+/// The host root's `ld.so.cache` as `ldconfig -p` lists it.
+pub fn ld_cache(host: &Path) -> String {
+    let out = Command::new("/sbin/ldconfig")
+        .arg("-C")
+        .arg(host.join("etc/ld.so.cache"))
+        .arg("-p")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
