@@ -459,7 +459,12 @@ fn restore_from_cache(
     status.driver_version = Some(driver_version.to_string());
     status.artifact = Some(artifact.display().to_string());
     status.artifact_sha256 = Some(entry.artifact_sha256.clone());
-    status.firmware = entry.manifest.firmware.iter().map(|f| f.file.clone()).collect();
+    status.firmware = entry
+        .manifest
+        .firmware
+        .iter()
+        .map(|f| f.file.clone())
+        .collect();
     status.modules = entry
         .manifest
         .modules

@@ -39,7 +39,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::build::{Manifest, MANIFEST_VERSION};
+use crate::build::{MANIFEST_VERSION, Manifest};
 use crate::error::{Error, Result};
 use crate::host::ModuleFlavor;
 use crate::report::Reason;
@@ -173,13 +173,14 @@ impl CacheConfig {
 /// The S3 endpoint the environment sets, in `object_store`'s order of
 /// precedence for the names it reads.
 fn s3_endpoint_from_env() -> Option<(&'static str, String)> {
-    [
-        "AWS_ENDPOINT_URL_S3",
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT",
-    ]
-    .into_iter()
-    .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()).map(|s| (v, s)))
+    ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+        .into_iter()
+        .find_map(|v| {
+            std::env::var(v)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .map(|s| (v, s))
+        })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,7 +197,9 @@ fn parse_url(url: &str) -> Result<Location> {
             Reason::InvalidArgument,
             format!("--cache-url {url:?}: {why}"),
         )
-        .with_hint("use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or file:///DIR")
+        .with_hint(
+            "use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or file:///DIR",
+        )
     };
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
     if rest.contains('@') {
@@ -248,7 +251,12 @@ pub struct CacheKey {
 }
 
 impl CacheKey {
-    pub fn new(kernel_release: &str, driver_version: &str, flavor: ModuleFlavor, compiler: &str) -> Self {
+    pub fn new(
+        kernel_release: &str,
+        driver_version: &str,
+        flavor: ModuleFlavor,
+        compiler: &str,
+    ) -> Self {
         CacheKey {
             arch: std::env::consts::ARCH.to_string(),
             kernel_release: kernel_release.to_string(),
@@ -491,7 +499,7 @@ fn is_conflict(e: &object_store::Error) -> bool {
 // ------------------------------------------------------------ a build's session
 
 /// What reading an entry found.
-enum Read {
+enum Found {
     Hit(Box<StoredEntry>),
     Miss,
     Corrupt(String),
@@ -574,7 +582,7 @@ impl Session {
             };
             if !unchanged {
                 match read_entry(store, &key, &dir, artifact, &mut self.status) {
-                    Read::Hit(entry) => {
+                    Found::Hit(entry) => {
                         self.status.outcome = CacheOutcome::Hit;
                         if let Some(owner) = waited_for {
                             self.status.lease = Some(format!(
@@ -584,17 +592,17 @@ impl Session {
                         }
                         return Some(*entry);
                     }
-                    Read::Miss => {}
-                    Read::Corrupt(why) => {
+                    Found::Miss => {}
+                    Found::Corrupt(why) => {
                         if !corrupt {
                             self.status.warn(format!(
                                 "entry {dir} is corrupt, compiling to replace it: {why}"
                             ));
                         }
                         corrupt = true;
-                        seen_manifest = store.head(&format!("{dir}/manifest.json")).ok();
+                        seen_manifest = store.head(&format!("{dir}/manifest.json")).ok().flatten();
                     }
-                    Read::Unavailable(why) => {
+                    Found::Unavailable(why) => {
                         self.status.outcome = CacheOutcome::Unavailable;
                         self.status
                             .warn(format!("store unavailable, compiling without it: {why}"));
@@ -759,8 +767,10 @@ impl Session {
         // both compiled never overwrite each other's bytes under a manifest
         // that names the other's.
         if let Err(e) = store.put(&format!("{dir}/{name}"), bytes, PutMode::Overwrite) {
-            self.status
-                .warn(format!("not stored: uploading the artifact: {}", describe(&e)));
+            self.status.warn(format!(
+                "not stored: uploading the artifact: {}",
+                describe(&e)
+            ));
             return;
         }
         self.status.bytes_uploaded += size;
@@ -770,8 +780,10 @@ impl Session {
             entry_json,
             PutMode::Overwrite,
         ) {
-            self.status
-                .warn(format!("not stored: uploading the manifest: {}", describe(&e)));
+            self.status.warn(format!(
+                "not stored: uploading the manifest: {}",
+                describe(&e)
+            ));
             return;
         }
         self.status.bytes_uploaded += manifest_size;
@@ -831,44 +843,44 @@ fn read_entry(
     dir: &str,
     artifact: &Path,
     status: &mut CacheStatus,
-) -> Read {
+) -> Found {
     let manifest = match store.get(&format!("{dir}/manifest.json")) {
         Ok(Some((bytes, _))) => bytes,
-        Ok(None) => return Read::Miss,
-        Err(e) => return Read::Unavailable(describe(&e)),
+        Ok(None) => return Found::Miss,
+        Err(e) => return Found::Unavailable(describe(&e)),
     };
     status.bytes_downloaded += manifest.len() as u64;
     let entry: StoredEntry = match serde_json::from_slice(&manifest) {
         Ok(e) => e,
         Err(e) => {
-            return Read::Corrupt(format!(
+            return Found::Corrupt(format!(
                 "manifest.json ({} bytes) is not a valid entry: {e}",
                 manifest.len()
             ));
         }
     };
     if &entry.key != key {
-        return Read::Corrupt(format!(
+        return Found::Corrupt(format!(
             "manifest.json is for another key ({:?})",
             entry.key
         ));
     }
     if entry.artifact.contains('/') || !entry.artifact.ends_with(".tar.zst") {
-        return Read::Corrupt(format!("manifest.json names artifact {:?}", entry.artifact));
+        return Found::Corrupt(format!("manifest.json names artifact {:?}", entry.artifact));
     }
     let bytes = match store.get(&format!("{dir}/{}", entry.artifact)) {
         Ok(Some((b, _))) => b,
-        Ok(None) => return Read::Corrupt(format!("{} is missing", entry.artifact)),
-        Err(e) => return Read::Unavailable(describe(&e)),
+        Ok(None) => return Found::Corrupt(format!("{} is missing", entry.artifact)),
+        Err(e) => return Found::Unavailable(describe(&e)),
     };
     status.bytes_downloaded += bytes.len() as u64;
     if let Err(why) = verify_artifact(&bytes, &entry) {
-        return Read::Corrupt(why);
+        return Found::Corrupt(why);
     }
     if let Err(e) = write_file_atomic(artifact, &bytes) {
-        return Read::Unavailable(format!("writing {}: {e}", artifact.display()));
+        return Found::Unavailable(format!("writing {}: {e}", artifact.display()));
     }
-    Read::Hit(Box::new(entry))
+    Found::Hit(Box::new(entry))
 }
 
 /// The artifact's size and sha256 against the entry, then every file inside

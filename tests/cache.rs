@@ -154,7 +154,15 @@ impl Fixture {
         let mut c = bin();
         c.args(["build", "--source"])
             .arg(&self.source)
-            .args(["--kernel", REL, "--flavor", "open", "--jobs", "1", "--headers"])
+            .args([
+                "--kernel",
+                REL,
+                "--flavor",
+                "open",
+                "--jobs",
+                "1",
+                "--headers",
+            ])
             .arg(&self.headers)
             .arg("--out")
             .arg(self.base.join(out))
@@ -170,7 +178,11 @@ fn s3_server_binary() -> Option<PathBuf> {
     match std::env::var_os("GPU_DRIVER_S3_SERVER") {
         Some(p) if !p.is_empty() => {
             let p = PathBuf::from(p);
-            assert!(p.is_file(), "GPU_DRIVER_S3_SERVER={} does not exist", p.display());
+            assert!(
+                p.is_file(),
+                "GPU_DRIVER_S3_SERVER={} does not exist",
+                p.display()
+            );
             Some(p)
         }
         _ => {
@@ -272,7 +284,12 @@ fn find(dir: &Path, prefix: &str) -> PathBuf {
             }
         }
     }
-    assert_eq!(found.len(), 1, "{prefix}* under {}: {found:?}", dir.display());
+    assert_eq!(
+        found.len(),
+        1,
+        "{prefix}* under {}: {found:?}",
+        dir.display()
+    );
     found.remove(0)
 }
 
@@ -285,7 +302,9 @@ fn run_s3(server: &S3Server, mut c: Command) -> Run {
 
 #[test]
 fn s3_miss_stores_then_every_later_build_is_a_verified_hit() {
-    let Some(server) = S3Server::start() else { return };
+    let Some(server) = S3Server::start() else {
+        return;
+    };
     let fx = Fixture::new(0);
     let url = server.url("cluster-a");
 
@@ -294,12 +313,13 @@ fn s3_miss_stores_then_every_later_build_is_a_verified_hit() {
     assert_eq!(a.outcome(), "Miss", "{}", a.doc);
     assert_eq!(a.cache()["stored"], true, "{}", a.doc);
     assert_eq!(a.cache()["lease"], "acquired", "{}", a.doc);
-    assert!(a.cache()["bytesUploaded"].as_u64().unwrap() > 1000, "{}", a.doc);
-    let key = a.cache()["key"].as_str().unwrap().to_string();
     assert!(
-        key.contains(&format!("/{REL}/{DRIVER}/open/cc-")),
-        "{key}"
+        a.cache()["bytesUploaded"].as_u64().unwrap() > 1000,
+        "{}",
+        a.doc
     );
+    let key = a.cache()["key"].as_str().unwrap().to_string();
+    assert!(key.contains(&format!("/{REL}/{DRIVER}/open/cc-")), "{key}");
     assert_eq!(fx.compiles(), 1);
     // Manifest last, lease released: the entry is complete and free.
     let entry = server.bucket_dir().join("cluster-a").join(&key);
@@ -316,7 +336,10 @@ fn s3_miss_stores_then_every_later_build_is_a_verified_hit() {
         assert_eq!(b.cache()["key"], key.as_str());
         assert_eq!(b.cache()["stored"], false);
         assert!(b.cache()["bytesDownloaded"].as_u64().unwrap() > 1000);
-        assert_eq!(b.doc["status"]["artifactSha256"], a.doc["status"]["artifactSha256"]);
+        assert_eq!(
+            b.doc["status"]["artifactSha256"],
+            a.doc["status"]["artifactSha256"]
+        );
         assert_eq!(b.doc["status"]["modules"], a.doc["status"]["modules"]);
         let bytes = fs::read(b.artifact()).unwrap();
         assert_eq!(
@@ -342,7 +365,9 @@ fn s3_miss_stores_then_every_later_build_is_a_verified_hit() {
 
 #[test]
 fn s3_corrupted_artifact_is_detected_rebuilt_and_replaced() {
-    let Some(server) = S3Server::start() else { return };
+    let Some(server) = S3Server::start() else {
+        return;
+    };
     let fx = Fixture::new(0);
     let url = server.url("p");
     let a = run_s3(&server, fx.build("a", &url, &[]));
@@ -370,7 +395,9 @@ fn s3_corrupted_artifact_is_detected_rebuilt_and_replaced() {
 
 #[test]
 fn s3_truncated_objects_are_corrupt() {
-    let Some(server) = S3Server::start() else { return };
+    let Some(server) = S3Server::start() else {
+        return;
+    };
     let fx = Fixture::new(0);
     let url = server.url("p");
     let a = run_s3(&server, fx.build("a", &url, &[]));
@@ -407,7 +434,9 @@ fn s3_truncated_objects_are_corrupt() {
 
 #[test]
 fn s3_server_down_builds_anyway_with_a_warning() {
-    let Some(server) = S3Server::start() else { return };
+    let Some(server) = S3Server::start() else {
+        return;
+    };
     let fx = Fixture::new(0);
     let addr = server.addr;
     drop(server); // nothing listens there any more
@@ -438,7 +467,9 @@ fn s3_server_down_builds_anyway_with_a_warning() {
 
 #[test]
 fn s3_two_builders_racing_for_one_key_compile_once() {
-    let Some(server) = S3Server::start() else { return };
+    let Some(server) = S3Server::start() else {
+        return;
+    };
     // The compile takes long enough for the second builder to find the
     // first one's lease.
     let fx = Fixture::new(4);
@@ -459,7 +490,13 @@ fn s3_two_builders_racing_for_one_key_compile_once() {
     }
     let mut outcomes: Vec<&str> = runs.iter().map(Run::outcome).collect();
     outcomes.sort();
-    assert_eq!(outcomes, ["Hit", "Miss"], "{}\n{}", runs[0].doc, runs[1].doc);
+    assert_eq!(
+        outcomes,
+        ["Hit", "Miss"],
+        "{}\n{}",
+        runs[0].doc,
+        runs[1].doc
+    );
     assert_eq!(fx.compiles(), 1, "two builders of one key compiled twice");
     let hit = runs.iter().find(|r| r.outcome() == "Hit").unwrap();
     assert!(
@@ -478,7 +515,9 @@ fn s3_two_builders_racing_for_one_key_compile_once() {
 
 #[test]
 fn s3_a_crashed_builders_lease_expires_and_is_taken_over() {
-    let Some(server) = S3Server::start() else { return };
+    let Some(server) = S3Server::start() else {
+        return;
+    };
     let fx = Fixture::new(0);
     let url = server.url("p");
     // Learn the key's directory from a first build, then leave a lease as
@@ -588,7 +627,10 @@ fn file_store_miss_hit_corrupt_and_stale_lease() {
     .unwrap();
     let e = finish(fx.build("e", &url, &[]).output().unwrap());
     assert_eq!(e.outcome(), "Miss", "{}\n{}", e.doc, e.stderr);
-    assert_eq!(e.cache()["lease"], "took over the expired lease of gone/1/0");
+    assert_eq!(
+        e.cache()["lease"],
+        "took over the expired lease of gone/1/0"
+    );
     assert!(!manifest.with_file_name("lease.json").exists());
     assert_eq!(fx.compiles(), 3);
 }
@@ -645,7 +687,13 @@ fn packages_come_from_the_store_when_checksummed_and_never_otherwise() {
     let pkg = b"a driver package, as the store holds it".to_vec();
     let sum = sha256(&pkg);
     fs::create_dir_all(store.path().join("packages")).unwrap();
-    fs::write(store.path().join("packages/NVIDIA-Linux-x86_64-535.261.03.run"), &pkg).unwrap();
+    fs::write(
+        store
+            .path()
+            .join("packages/NVIDIA-Linux-x86_64-535.261.03.run"),
+        &pkg,
+    )
+    .unwrap();
     let cache_dir = tempfile::tempdir().unwrap();
     // Offline (an air-gapped cluster): the store is the only source.
     let fetch = |sha: &str| {
