@@ -12,7 +12,7 @@
 //! ```text
 //! artifacts/v<format>/<arch>/<kernel>/<driver>/<flavor>/cc-<hash>/
 //!     manifest.json                  written last: the entry exists once it exists
-//!     artifact-<sha256>.tar.zst      the build artifact, named by its content
+//!     artifact-<sha256[..16]>.tar.zst  the build artifact, named by its content
 //!     lease.json                     while one builder compiles the key
 //! packages/<file>                    driver packages (private mirror)
 //! ```
@@ -745,7 +745,10 @@ impl Session {
                 return;
             }
         };
-        let name = format!("artifact-{sha256}.tar.zst");
+        // The first 16 hex digits name it (the manifest holds the whole
+        // sha256): object keys stay short, which some S3 servers need
+        // (s3s-fs names a metadata file after the base64 of the key).
+        let name = format!("artifact-{}.tar.zst", &sha256[..sha256.len().min(16)]);
         let entry = StoredEntry {
             key: key.clone(),
             artifact: name.clone(),
