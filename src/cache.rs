@@ -57,6 +57,10 @@ pub const DEFAULT_WAIT_SECS: u64 = 900;
 pub const DEFAULT_LEASE_TTL_SECS: u64 = 1800;
 /// Default of `--cache-poll-ms`: how often a waiting builder looks again.
 pub const DEFAULT_POLL_MS: u64 = 2000;
+/// How long a builder that created the lease waits before checking that
+/// the lease still names it (see [`Session::acquire_lease`]). Paid once per
+/// compile, which takes minutes.
+pub const LEASE_SETTLE: Duration = Duration::from_millis(1000);
 
 // ------------------------------------------------------------ the document
 
@@ -656,7 +660,38 @@ impl Session {
         }
     }
 
+    /// Takes the key's lease, then confirms it: after [`LEASE_SETTLE`] the
+    /// lease must still name this builder. A store whose conditional create
+    /// is a check followed by a write (s3s-fs; possibly other S3-compatible
+    /// servers) can let two racing creates both succeed; the last write
+    /// stays, and only its writer goes on.
     fn acquire_lease(&self, dir: &str) -> StoreResult<LeaseState> {
+        let note = match self.try_lease(dir)? {
+            LeaseState::Acquired(note) => note,
+            held => return Ok(held),
+        };
+        let Some(store) = &self.store else {
+            return Ok(LeaseState::Acquired(note));
+        };
+        std::thread::sleep(LEASE_SETTLE);
+        let rel = format!("{dir}/lease.json");
+        let now = store
+            .get(&rel)?
+            .and_then(|(bytes, _)| serde_json::from_slice::<Lease>(&bytes).ok());
+        match now {
+            Some(l) if l.owner == self.id => Ok(LeaseState::Acquired(note)),
+            Some(l) => {
+                tracing::info!(
+                    "cache: lease of {dir} was also written by {}, whose write stayed",
+                    l.owner
+                );
+                Ok(LeaseState::HeldBy(l.owner))
+            }
+            None => Ok(LeaseState::HeldBy("unknown".into())),
+        }
+    }
+
+    fn try_lease(&self, dir: &str) -> StoreResult<LeaseState> {
         let Some(store) = &self.store else {
             return Ok(LeaseState::Acquired("no store".into()));
         };
