@@ -374,10 +374,12 @@ impl Store {
             max_retries: 2,
             retry_timeout: Duration::from_secs(20),
         };
-        let client = ClientOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(300))
-            .with_allow_http(cfg.allow_http);
+        let client = tls_roots(
+            ClientOptions::new()
+                .with_connect_timeout(Duration::from_secs(5))
+                .with_timeout(Duration::from_secs(300))
+                .with_allow_http(cfg.allow_http),
+        );
         let fail = |e: object_store::Error| format!("configuring the store {}: {e}", cfg.url);
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match location {
             Location::File(dir) => {
@@ -485,6 +487,38 @@ impl Store {
             }
         })
     }
+}
+
+/// The roots HTTPS endpoints are verified against: Mozilla's (bundled, as
+/// for `fetch`), plus the PEM bundle named by `SSL_CERT_FILE` (a private CA)
+/// and the system's bundle where there is one. The HTTP client's own system
+/// lookup is off: without `/etc/ssl/certs` (builder roots, scratch images)
+/// it fails to build at all, even for http endpoints.
+fn tls_roots(mut client: ClientOptions) -> ClientOptions {
+    client = client.with_config(object_store::ClientConfigKey::NoSystemCertificates, "true");
+    for der in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
+        if let Ok(c) = object_store::Certificate::from_der(der) {
+            client = client.with_root_certificate(c);
+        }
+    }
+    let mut bundles: Vec<PathBuf> = vec![PathBuf::from("/etc/ssl/certs/ca-certificates.crt")];
+    if let Some(f) = std::env::var_os("SSL_CERT_FILE") {
+        bundles.push(PathBuf::from(f));
+    }
+    for path in bundles {
+        let Ok(pem) = std::fs::read(&path) else {
+            continue;
+        };
+        match object_store::Certificate::from_pem_bundle(&pem) {
+            Ok(certs) => {
+                for c in certs {
+                    client = client.with_root_certificate(c);
+                }
+            }
+            Err(e) => tracing::warn!("cache: CA bundle {} not used: {e}", path.display()),
+        }
+    }
+    client
 }
 
 /// A store error as shown in results: object_store's message (which names
