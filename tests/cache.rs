@@ -466,7 +466,7 @@ fn s3_server_down_builds_anyway_with_a_warning() {
 }
 
 #[test]
-fn s3_two_builders_racing_for_one_key_compile_once() {
+fn s3_two_builders_racing_for_one_key_build_it_once() {
     let Some(server) = S3Server::start() else {
         return;
     };
@@ -636,7 +636,7 @@ fn file_store_miss_hit_corrupt_and_stale_lease() {
 }
 
 #[test]
-fn file_store_two_builders_racing_compile_once() {
+fn file_store_two_builders_racing_build_it_once() {
     let fx = Fixture::new(3);
     let store = tempfile::tempdir().unwrap();
     let url = format!("file://{}", store.path().display());
