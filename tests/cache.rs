@@ -13,6 +13,8 @@
 //! get it, unless `GPU_DRIVER_SKIP_S3_TESTS=1` says to skip them; in CI
 //! (`CI=true`) they always fail.
 
+mod support;
+
 use std::fs;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -729,4 +731,57 @@ fn packages_come_from_the_store_when_checksummed_and_never_otherwise() {
         r.doc
     );
     assert_eq!(fs::read(cache_dir.path().join(&sum)).unwrap(), pkg);
+}
+
+#[test]
+fn a_package_downloaded_elsewhere_is_stored_for_the_other_nodes() {
+    let pkg = support::http::bytes(50_000, 7);
+    let sum = support::http::sha256_hex(&pkg);
+    let served = pkg.clone();
+    let server =
+        support::http::Server::start(move |_| support::http::Reply::Ranged(served.clone()));
+    let store = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", store.path().display());
+    let fetch = |cache_dir: &Path| {
+        let mut c = bin();
+        c.args([
+            "fetch",
+            "--url",
+            &server.url("/NVIDIA-Linux-x86_64-535.261.03.run"),
+        ])
+        .args([
+            "--sha256",
+            &sum,
+            "--allow-http",
+            "--retries",
+            "0",
+            "--cache-url",
+            &url,
+        ])
+        .arg("--cache-dir")
+        .arg(cache_dir);
+        finish(c.output().unwrap())
+    };
+    let first = tempfile::tempdir().unwrap();
+    let r = fetch(first.path());
+    assert_eq!(r.reason(), "Fetched", "{}\n{}", r.doc, r.stderr);
+    let stored = store
+        .path()
+        .join("packages/NVIDIA-Linux-x86_64-535.261.03.run");
+    assert_eq!(fs::read(&stored).unwrap(), pkg, "not stored in the mirror");
+    assert_eq!(server.count(), 1);
+    // Another node (an empty package cache) gets it from the store: the
+    // web server sees no second request.
+    let second = tempfile::tempdir().unwrap();
+    let r = fetch(second.path());
+    assert_eq!(r.reason(), "Fetched", "{}\n{}", r.doc, r.stderr);
+    assert!(
+        r.doc["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("came from the cache store"),
+        "{}",
+        r.doc
+    );
+    assert_eq!(server.count(), 1, "downloaded again despite the mirror");
 }
