@@ -146,6 +146,10 @@ pub struct Timings {
     pub compile_seconds: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub package_seconds: Option<f64>,
+    /// Time spent with the artifact cache: lookup, waiting for another
+    /// builder, download and verification, upload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -183,6 +187,9 @@ pub struct BuildStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_excerpt: Option<String>,
     pub timings: Timings,
+    /// What the artifact cache did (`--cache-url`); `Disabled` without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::CacheStatus>,
 }
 
 pub type BuildResult = Document<BuildSpec, BuildStatus>;
@@ -208,6 +215,7 @@ impl BuildStatus {
             log: None,
             log_excerpt: None,
             timings: Timings::default(),
+            cache: None,
         }
     }
 }
@@ -230,6 +238,8 @@ pub struct BuildOptions {
     pub keep_work: bool,
     pub jobs: usize,
     pub driver_version: Option<String>,
+    /// The artifact cache (`--cache-url`), already checked.
+    pub cache: Option<crate::cache::CacheConfig>,
 }
 
 impl BuildOptions {
@@ -263,10 +273,28 @@ pub fn build_failed(spec: BuildSpec, outcome: Outcome) -> BuildResult {
 /// The whole `build` step, as a result document.
 pub fn build(opts: &BuildOptions) -> BuildResult {
     let mut status = BuildStatus::new(Outcome::new(Reason::Internal, "build did not finish"));
-    status.outcome = match run(opts, &mut status) {
+    let mut session = opts.cache.as_ref().map(crate::cache::Session::start);
+    status.outcome = match run(opts, &mut status, session.as_mut()) {
         Ok(message) => Outcome::new(Reason::Built, message),
         Err(e) => Outcome::from_error(&e),
     };
+    status.cache = Some(match session {
+        Some(s) => {
+            if s.seconds > 0.0 {
+                status.timings.cache_seconds = Some(seconds(Duration::from_secs_f64(s.seconds)));
+            }
+            let c = s.finish();
+            if !c.warnings.is_empty() && status.outcome.reason == Reason::Built {
+                status.outcome.message.push_str(&format!(
+                    " (cache {:?}: {})",
+                    c.outcome,
+                    c.warnings.join("; ")
+                ));
+            }
+            c
+        }
+        None => crate::cache::CacheStatus::disabled(),
+    });
     Document::new(Kind::BuildResult, opts.spec(), status)
 }
 
@@ -275,7 +303,11 @@ pub fn build(opts: &BuildOptions) -> BuildResult {
 /// nothing closer than Internal.
 const LOCAL_IO: Reason = Reason::Internal;
 
-fn run(opts: &BuildOptions, status: &mut BuildStatus) -> Result<String> {
+fn run(
+    opts: &BuildOptions,
+    status: &mut BuildStatus,
+    mut cache: Option<&mut crate::cache::Session>,
+) -> Result<String> {
     let release = opts.kernel_release.as_str();
     check_release_name(release)?;
     if let Some(v) = &opts.driver_version {
@@ -311,6 +343,14 @@ fn run(opts: &BuildOptions, status: &mut BuildStatus) -> Result<String> {
     fs::create_dir_all(&work).map_err(|e| Error::io(LOCAL_IO, "creating", &work, e))?;
     fs::create_dir_all(&opts.out_dir)
         .map_err(|e| Error::io(LOCAL_IO, "creating", &opts.out_dir, e))?;
+
+    // ---- cache: with the driver version known up front (`run` knows it
+    // from the plan), a hit skips extraction and compile alike.
+    if let (Some(session), Some(dv)) = (cache.as_deref_mut(), &opts.driver_version) {
+        if let Some(msg) = restore_from_cache(session, opts, dv, &compiler, status) {
+            return Ok(msg);
+        }
+    }
     check_disk(&work, MIN_FREE_DISK_BYTES)?;
 
     // ---- extract
@@ -333,6 +373,14 @@ fn run(opts: &BuildOptions, status: &mut BuildStatus) -> Result<String> {
     let firmware = find_firmware(&extracted)?;
     let user_space = crate::userspace::collect(&extracted)?;
     status.timings.extract_seconds = Some(seconds(t.elapsed()));
+    if let Some(session) = cache.as_deref_mut() {
+        if !session.looked_up() {
+            if let Some(msg) = restore_from_cache(session, opts, &driver_version, &compiler, status)
+            {
+                return Ok(msg);
+            }
+        }
+    }
 
     // ---- compile
     let t = Instant::now();
@@ -360,8 +408,9 @@ fn run(opts: &BuildOptions, status: &mut BuildStatus) -> Result<String> {
     for ko in &built {
         modules.push(stage_module(ko, &staging.join("modules"), release)?);
     }
-    let artifact_name = format!("nvidia-{driver_version}-{}-{release}.tar.zst", opts.flavor);
-    let artifact = opts.out_dir.join(&artifact_name);
+    let artifact = opts
+        .out_dir
+        .join(artifact_name(&driver_version, opts.flavor, release));
     let manifest = Manifest {
         schema_version: MANIFEST_VERSION,
         generator: format!("gpu-driver-installer {}", env!("CARGO_PKG_VERSION")),
@@ -395,12 +444,68 @@ fn run(opts: &BuildOptions, status: &mut BuildStatus) -> Result<String> {
         .collect();
     status.modules = modules.into_iter().map(|s| s.module).collect();
     status.artifact = Some(artifact.display().to_string());
+    if let Some(session) = cache {
+        session.publish(&artifact, &artifact_sha256, &manifest);
+    }
     status.artifact_sha256 = Some(artifact_sha256);
     drop(cleanup);
     Ok(format!(
         "built {} modules of NVIDIA {driver_version} ({}) for kernel {release} into {}",
         status.modules.len(),
         opts.flavor,
+        artifact.display()
+    ))
+}
+
+/// The name of the artifact of a build.
+fn artifact_name(driver_version: &str, flavor: ModuleFlavor, release: &str) -> String {
+    format!("nvidia-{driver_version}-{flavor}-{release}.tar.zst")
+}
+
+/// Looks the build up in the cache; on a hit the verified artifact is in
+/// place, `status` describes it, and the message is returned.
+fn restore_from_cache(
+    session: &mut crate::cache::Session,
+    opts: &BuildOptions,
+    driver_version: &str,
+    compiler: &CompilerUsed,
+    status: &mut BuildStatus,
+) -> Option<String> {
+    let release = opts.kernel_release.as_str();
+    let key = crate::cache::CacheKey::new(release, driver_version, opts.flavor, &compiler.version);
+    let artifact = opts
+        .out_dir
+        .join(artifact_name(driver_version, opts.flavor, release));
+    let entry = session.lookup(key, &artifact)?;
+    status.driver_version = Some(driver_version.to_string());
+    status.artifact = Some(artifact.display().to_string());
+    status.artifact_sha256 = Some(entry.artifact_sha256.clone());
+    status.firmware = entry
+        .manifest
+        .firmware
+        .iter()
+        .map(|f| f.file.clone())
+        .collect();
+    status.modules = entry
+        .manifest
+        .modules
+        .iter()
+        .map(|m| BuiltModule {
+            name: m.name.clone(),
+            file: m.file.clone(),
+            vermagic: m.vermagic.clone(),
+            size_bytes: m.size_bytes,
+            sha256: m.sha256.clone(),
+        })
+        .collect();
+    Some(format!(
+        "restored {} modules of NVIDIA {driver_version} ({}) for kernel {release} from the cache {} ({} bytes, every sha256 verified; built by {} at {}) into {}; nothing compiled",
+        status.modules.len(),
+        opts.flavor,
+        session.status.url.as_deref().unwrap_or("?"),
+        session.status.bytes_downloaded,
+        entry.stored_by,
+        entry.stored_at,
         artifact.display()
     ))
 }

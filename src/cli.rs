@@ -194,7 +194,47 @@ pub struct FetchArgs {
     #[arg(long, value_name = "PATH")]
     pub ca_bundle: Option<PathBuf>,
     #[command(flatten)]
+    pub cache: CacheArgs,
+    #[command(flatten)]
     pub plan: PlanArgs,
+}
+
+/// The artifact cache in the cluster owner's object storage (docs/cache.md).
+#[derive(Debug, Args)]
+pub struct CacheArgs {
+    /// Artifact cache: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX,
+    /// az://CONTAINER/PREFIX or file:///DIR. Endpoint and credentials come
+    /// from the provider's environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+    /// ...). Also a private mirror of driver packages (<url>/packages/).
+    #[arg(long, value_name = "URL", env = "GPU_DRIVER_CACHE_URL")]
+    pub cache_url: Option<String>,
+    /// How long to wait for another builder compiling the same key before
+    /// compiling here, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = crate::cache::DEFAULT_WAIT_SECS)]
+    pub cache_wait: u64,
+    /// Age after which a builder's lease counts as abandoned, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = crate::cache::DEFAULT_LEASE_TTL_SECS)]
+    pub cache_lease_ttl: u64,
+    /// How often a waiting builder looks for the artifact, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = crate::cache::DEFAULT_POLL_MS)]
+    pub cache_poll_ms: u64,
+}
+
+impl CacheArgs {
+    /// The checked configuration; `None` without `--cache-url`.
+    pub fn config(&self, allow_http: bool) -> Result<Option<crate::cache::CacheConfig>> {
+        let Some(url) = &self.cache_url else {
+            return Ok(None);
+        };
+        let cfg = crate::cache::CacheConfig {
+            wait: Duration::from_secs(self.cache_wait),
+            lease_ttl: Duration::from_secs(self.cache_lease_ttl),
+            poll: Duration::from_millis(self.cache_poll_ms.max(10)),
+            ..crate::cache::CacheConfig::new(url, allow_http)
+        };
+        cfg.check()?;
+        Ok(Some(cfg))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -228,9 +268,15 @@ pub struct BuildArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub jobs: Option<u16>,
     /// The driver version, where the source does not declare it; must agree
-    /// with the source when it does.
+    /// with the source when it does. With --cache-url it lets a cache hit
+    /// skip extracting the source.
     #[arg(long, value_name = "VERSION")]
     pub driver_version: Option<String>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// Allow a plain http:// cache endpoint (trusted networks only).
+    #[arg(long)]
+    pub allow_http: bool,
 }
 
 /// `build` needs a concrete flavor: "auto" is `resolve`'s decision.
@@ -389,7 +435,12 @@ fn run_build(g: &GlobalArgs, args: &BuildArgs) -> BuildResult {
         keep_work: args.keep_work,
         jobs,
         driver_version: args.driver_version.clone(),
+        cache: None,
     };
+    match args.cache.config(args.allow_http) {
+        Ok(c) => opts.cache = c,
+        Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+    }
     let release = match args.kernel.clone().or_else(|| g.kernel_release.clone()) {
         Some(r) => Ok(r),
         None => crate::host::read_kernel_release(&opts.root),
@@ -430,7 +481,12 @@ fn run_build_step(
         keep_work: false,
         jobs: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         driver_version: st.driver_version.clone(),
+        cache: None,
     };
+    match fetch_args.cache.config(fetch_args.allow_http) {
+        Ok(c) => opts.cache = c,
+        Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+    }
     if let Some(h) = &st.headers {
         match h.source {
             resolve::HeadersSource::Installed => {
@@ -594,14 +650,78 @@ fn run_fetch(g: &GlobalArgs, args: &FetchArgs) -> FetchResult {
         }),
         None => plan_request(g, &root, args, flag_sum),
     };
+    let cache = match args.cache.config(args.allow_http) {
+        Ok(c) => c,
+        Err(e) => {
+            return fetch::fetch_package_failed(
+                args.url.clone().unwrap_or_default(),
+                &opts,
+                Outcome::from_error(&e),
+            );
+        }
+    };
     match request {
-        Ok(req) => fetch::fetch_package(&req, opts),
+        Ok(req) => match &cache {
+            Some(c) => fetch_via_store(c, &req, opts),
+            None => fetch::fetch_package(&req, opts),
+        },
         Err(e) => fetch::fetch_package_failed(
             args.url.clone().unwrap_or_default(),
             &opts,
             Outcome::from_error(&e),
         ),
     }
+}
+
+/// `fetch` with the cache's store as a private package mirror: a package the
+/// store holds (`<cache-url>/packages/<file>`) is placed into the local
+/// package cache if its sha256 is the trusted one, and a package downloaded
+/// from elsewhere is stored there for the other nodes. The store never
+/// supplies a checksum, and its failures are only warnings.
+fn fetch_via_store(
+    cache: &crate::cache::CacheConfig,
+    req: &PackageRequest,
+    opts: FetchOptions,
+) -> FetchResult {
+    let file = fetch::file_name_of(&req.url);
+    let sha = match &req.sha256 {
+        Some((s, _)) => Some(s.to_ascii_lowercase()),
+        None if !opts.offline => fetch::find_checksum(req, &opts).ok().map(|(s, _)| s),
+        None => None,
+    };
+    let mut restored = None;
+    if let Some(sha) = sha.filter(|s| fetch::is_sha256_hex(s)) {
+        let dest = opts.cache_dir.join(&sha);
+        if !dest.exists() {
+            match crate::cache::restore_package(cache, &file, &sha, &dest) {
+                Ok(Some(n)) => {
+                    tracing::info!("{file}: {n} bytes from the cache store {}", cache.url);
+                    restored = Some(n);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{file}: cache store not used as a mirror: {e}"),
+            }
+        }
+    }
+    let mut doc = fetch::fetch_package(req, opts);
+    if doc.status.outcome.reason != Reason::Fetched {
+        return doc;
+    }
+    if let Some(n) = restored {
+        doc.status.outcome.message = format!(
+            "{file} came from the cache store {}/{} ({n} bytes) and was verified against the trusted sha256 at {}",
+            cache.url.trim_end_matches('/'),
+            crate::cache::package_object(&file),
+            doc.status.path.as_deref().unwrap_or("?")
+        );
+    } else if let Some(path) = &doc.status.path {
+        match crate::cache::store_package(cache, &file, Path::new(path)) {
+            Ok(true) => tracing::info!("{file}: stored in the cache store {}", cache.url),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("{file}: not stored in the cache store: {e}"),
+        }
+    }
+    doc
 }
 
 /// The package of the resolved plan; fails with the plan's own reason.

@@ -4,6 +4,7 @@
 
 pub mod apt;
 pub mod build;
+pub mod cache;
 pub mod catalog;
 pub mod cli;
 pub mod deb;
