@@ -109,17 +109,15 @@ pub fn driver_for(drivers: &[Arc<GpuDriver>], node: &NodeFacts) -> Option<Arc<Gp
 fn job_is_terminal(job: &Job) -> bool {
     let st = job.status.as_ref();
     st.and_then(|s| s.succeeded).unwrap_or(0) > 0
-        || st
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter().any(|c| {
-                    c.status == "True"
-                        && matches!(
-                            c.type_.as_str(),
-                            "Complete" | "Failed" | "SuccessCriteriaMet" | "FailureTarget"
-                        )
-                })
+        || st.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.status == "True"
+                    && matches!(
+                        c.type_.as_str(),
+                        "Complete" | "Failed" | "SuccessCriteriaMet" | "FailureTarget"
+                    )
             })
+        })
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -286,7 +284,13 @@ fn add_taint_removal(gd: &GpuDriver, node: &Node, patch: &mut Value) {
 
 /// The patch after a failed install Job: the failure on the node (reason,
 /// message, count for the backoff), never the ready label.
-pub fn failure_patch(key: &str, failures: u32, reason: &str, message: &str, now: Timestamp) -> Value {
+pub fn failure_patch(
+    key: &str,
+    failures: u32,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Value {
     json!({
         "metadata": {
             "labels": { keys::READY_LABEL: null },
@@ -465,8 +469,8 @@ async fn handle_finished(
         return Ok(Action::await_change());
     }
 
-    let succeeded = job_failure.is_none()
-        && result.as_ref().is_some_and(|r| r.phase == Phase::Succeeded);
+    let succeeded =
+        job_failure.is_none() && result.as_ref().is_some_and(|r| r.phase == Phase::Succeeded);
     if role == JobRole::Detect && succeeded {
         let patch = json!({"metadata": {"annotations": {keys::GPU: "true", keys::JOB: name}}});
         ctx.patch_node(&node_name, &patch).await?;
@@ -494,7 +498,10 @@ async fn handle_finished(
             node,
             EventType::Normal,
             "DriverInstalled",
-            format!("NVIDIA driver {version} installed for kernel {} by Job {name}", f.kernel),
+            format!(
+                "NVIDIA driver {version} installed for kernel {} by Job {name}",
+                f.kernel
+            ),
         )
         .await;
         tracing::info!("node {node_name}: driver {version} installed");
@@ -562,7 +569,15 @@ fn node_relevant(node: &Node) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let f = facts(node);
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (f.kernel, f.os_image, f.boot_id, f.labels, f.annotations, f.taints).hash(&mut h);
+    (
+        f.kernel,
+        f.os_image,
+        f.boot_id,
+        f.labels,
+        f.annotations,
+        f.taints,
+    )
+        .hash(&mut h);
     Some(h.finish())
 }
 
@@ -603,8 +618,10 @@ pub async fn run(
         Api::<Pod>::namespaced(client.clone(), &ns),
         watcher::Config::default().labels(&selector),
     );
-    let (drivers, driver_stream) =
-        store_and_stream(Api::<GpuDriver>::all(client.clone()), watcher::Config::default());
+    let (drivers, driver_stream) = store_and_stream(
+        Api::<GpuDriver>::all(client.clone()),
+        watcher::Config::default(),
+    );
     let (nodes_reader, nodes_writer) = reflector::store();
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
@@ -684,9 +701,7 @@ async fn status_loop(ctx: Arc<Context>) {
         for gd in &drivers {
             let mine: Vec<NodeFacts> = nodes
                 .iter()
-                .filter(|n| {
-                    driver_for(&drivers, n).is_some_and(|d| d.name_any() == gd.name_any())
-                })
+                .filter(|n| driver_for(&drivers, n).is_some_and(|d| d.name_any() == gd.name_any()))
                 .cloned()
                 .collect();
             let previous = written.get(&gd.name_any()).or(gd.status.as_ref());

@@ -14,9 +14,13 @@ use super::keys;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OsImage {
     /// `Garden Linux 1592.4`, `Garden Linux 1877.3.1`.
-    GardenLinux { version: String },
+    GardenLinux {
+        version: String,
+    },
     /// `Debian GNU/Linux 12 (bookworm)`.
-    Debian { version: String },
+    Debian {
+        version: String,
+    },
     Other(String),
 }
 
@@ -237,11 +241,7 @@ pub fn retry_in(spec: &GpuDriverSpec, node: &NodeFacts, key: &str, now_unix: i64
     if n == 0 {
         return 0;
     }
-    let wait = backoff_seconds(
-        n,
-        spec.job.retry_base_seconds,
-        spec.job.retry_max_seconds,
-    );
+    let wait = backoff_seconds(n, spec.job.retry_base_seconds, spec.job.retry_max_seconds);
     let failed_at = node
         .annotation(keys::FAILED_AT)
         .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
@@ -508,7 +508,8 @@ mod tests {
         // NFD can be switched off.
         s.gpu_detection.nfd = false;
         n.annotations.clear();
-        n.labels.insert(keys::NFD_NVIDIA_LABEL.into(), "true".into());
+        n.labels
+            .insert(keys::NFD_NVIDIA_LABEL.into(), "true".into());
         assert_eq!(gpu_presence(&s, &n), Gpu::Unknown);
     }
 
@@ -600,14 +601,16 @@ mod tests {
 
         let s = spec();
         let mut n = gl_node("Garden Linux 1592.4", "6.6.71-cloud-amd64");
-        let Plan::Install { key, job: first, .. } = plan(&s, &n, 0) else {
+        let Plan::Install {
+            key, job: first, ..
+        } = plan(&s, &n, 0)
+        else {
             panic!()
         };
         let t0: k8s_openapi::jiff::Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         n.annotations.insert(keys::FAILURE_KEY.into(), key.clone());
         n.annotations.insert(keys::FAILURES.into(), "2".into());
-        n.annotations
-            .insert(keys::FAILED_AT.into(), t0.to_string());
+        n.annotations.insert(keys::FAILED_AT.into(), t0.to_string());
         let now = t0.as_second();
         assert_eq!(plan(&s, &n, now + 10), Plan::Backoff { seconds: 110 });
         let Plan::Install { job, attempt, .. } = plan(&s, &n, now + 120) else {
@@ -617,7 +620,10 @@ mod tests {
         assert_ne!(job, first);
         // Failures of an earlier key (before a reboot) do not delay.
         n.boot_id = "boot-9".into();
-        assert!(matches!(plan(&s, &n, now + 10), Plan::Install { attempt: 0, .. }));
+        assert!(matches!(
+            plan(&s, &n, now + 10),
+            Plan::Install { attempt: 0, .. }
+        ));
     }
 
     #[test]
@@ -654,6 +660,9 @@ mod tests {
             &[("a".into(), "b".into())].into(),
             &[("a".into(), "b".into()), ("c".into(), "d".into())].into()
         ));
-        assert!(!selects(&[("a".into(), "b".into())].into(), &BTreeMap::new()));
+        assert!(!selects(
+            &[("a".into(), "b".into())].into(),
+            &BTreeMap::new()
+        ));
     }
 }

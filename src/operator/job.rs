@@ -102,7 +102,10 @@ pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
     let spec = &gd.spec;
     let role = req.role.as_str();
     let mut labels = BTreeMap::from([
-        (keys::MANAGED_BY_LABEL.to_string(), keys::MANAGED_BY.to_string()),
+        (
+            keys::MANAGED_BY_LABEL.to_string(),
+            keys::MANAGED_BY.to_string(),
+        ),
         (keys::ROLE_LABEL.to_string(), role.to_string()),
         (
             "app.kubernetes.io/name".to_string(),
@@ -127,7 +130,10 @@ pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
     }
     // The node is not "ready" for GPU workloads yet; the Job must run there
     // anyway, and a NoExecute taint must not evict it half-way.
-    for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
         tolerations.push(Toleration {
             key: Some(key.into()),
             operator: Some("Exists".into()),
@@ -340,12 +346,13 @@ mod tests {
         );
         assert!(main.env_from.is_some());
         // Only the emptyDir: no hostPath.
-        assert!(pod
-            .volumes
-            .as_ref()
-            .unwrap()
-            .iter()
-            .all(|v| v.host_path.is_none()));
+        assert!(
+            pod.volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|v| v.host_path.is_none())
+        );
         let o = &job.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((o.kind.as_str(), o.uid.as_str()), ("GpuDriver", "uid-1"));
         assert!(spec.backoff_limit.is_some());
@@ -357,12 +364,13 @@ mod tests {
             .unwrap()
             .values;
         assert!(codes.contains(&3) && codes.contains(&13) && !codes.contains(&12));
-        assert!(pod
-            .tolerations
-            .as_ref()
-            .unwrap()
-            .iter()
-            .any(|t| t.key.as_deref() == Some("gpu-driver.gardenlinux.io/not-ready")));
+        assert!(
+            pod.tolerations
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|t| t.key.as_deref() == Some("gpu-driver.gardenlinux.io/not-ready"))
+        );
     }
 
     #[test]
@@ -384,6 +392,11 @@ mod tests {
             main.security_context.as_ref().unwrap().privileged,
             Some(false)
         );
-        assert!(main.args.as_ref().unwrap().ends_with(&["detect".to_string()]));
+        assert!(
+            main.args
+                .as_ref()
+                .unwrap()
+                .ends_with(&["detect".to_string()])
+        );
     }
 }

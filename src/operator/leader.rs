@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, PostParams};
 use kube::Client;
+use kube::api::{Api, PostParams};
 
 use super::metrics::Metrics;
 
@@ -126,7 +126,12 @@ pub async fn lead(
         }
         tokio::time::sleep(cfg.retry_period).await;
     }
-    tracing::info!("leading as {} (lease {}/{})", cfg.identity, cfg.namespace, cfg.name);
+    tracing::info!(
+        "leading as {} (lease {}/{})",
+        cfg.identity,
+        cfg.namespace,
+        cfg.name
+    );
     metrics.set("gpu_driver_is_leader", &[], 1.0);
     let (tx, rx) = tokio::sync::watch::channel(true);
     tokio::spawn(async move {

@@ -70,7 +70,10 @@ const HELP: &[(&str, &str, &str)] = &[
 ];
 
 fn label(k: &str, v: &str) -> String {
-    let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+    let v = v
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
     format!("{k}=\"{v}\"")
 }
 
@@ -235,7 +238,10 @@ mod tests {
             &[("Ready".to_string(), 3u32)].into(),
         );
         let t = m.render();
-        assert!(t.contains("gpu_driver_installs_total{result=\"succeeded\"} 2"), "{t}");
+        assert!(
+            t.contains("gpu_driver_installs_total{result=\"succeeded\"} 2"),
+            "{t}"
+        );
         assert!(t.contains("gpu_driver_api_writes_total{verb=\"create\",resource=\"jobs\"} 1"));
         assert!(t.contains("gpu_driver_install_duration_seconds_bucket{le=\"15\"} 0"));
         assert!(t.contains("gpu_driver_install_duration_seconds_bucket{le=\"30\"} 1"));

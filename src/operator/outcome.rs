@@ -134,7 +134,11 @@ pub fn job_state(job: &Job, pods: &[&Pod]) -> JobState {
         .as_ref()
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or(&[]);
-    let true_cond = |t: &str| conditions.iter().find(|c| c.type_ == t && c.status == "True");
+    let true_cond = |t: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == t && c.status == "True")
+    };
     if true_cond("Complete").is_some() {
         // Complete without a succeeded pod in the cache: the pod is gone
         // (garbage-collected); trust the Job.
@@ -169,7 +173,7 @@ pub fn job_seconds(job: &Job, now_unix: i64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{Document, TERMINATION_LOG_LIMIT, termination_message as compact};
+    use crate::report::{TERMINATION_LOG_LIMIT, termination_message as compact};
     use crate::run::{RunSpec, Steps};
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
@@ -221,14 +225,20 @@ mod tests {
 
     #[test]
     fn a_host_report_and_a_cache_outcome_parse() {
-        let doc: HostReport = Document::new(
-            Kind::HostReport,
-            serde_json::from_value(serde_json::json!({"hostRoot": "/"})).unwrap(),
-            serde_json::from_value(serde_json::json!({
-                "phase": "Skipped", "reason": "NoGpu", "message": "no NVIDIA GPU", "gpus": [], "loadedModules": []
-            }))
-            .unwrap(),
+        // A real HostReport of a fixture host without a GPU.
+        let root = crate::host::HostRoot::new(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/hosts/gardenlinux-1592-nogpu"
+            ),
+            crate::host::HostRootSource::Flag,
         );
+        let catalog = crate::catalog::Catalog::embedded().unwrap();
+        let doc = crate::detect::detect(&crate::detect::DetectOptions {
+            root: &root,
+            catalog: &catalog,
+            kernel_release: None,
+        });
         let r = parse_message(&serde_json::to_string(&doc).unwrap()).unwrap();
         assert_eq!(r.reason, Reason::NoGpu);
         let mut v = serde_json::to_value(run_result(Reason::Verified, true)).unwrap();

@@ -114,7 +114,11 @@ pub fn compute(
         cond(
             "Ready",
             all_ready,
-            if all_ready { "AllNodesReady" } else { "NodesNotReady" },
+            if all_ready {
+                "AllNodesReady"
+            } else {
+                "NodesNotReady"
+            },
             format!("{} of {} GPU nodes ready", st.ready_nodes, st.gpu_nodes),
         ),
         cond(
@@ -185,7 +189,12 @@ mod tests {
             (keys::FAILED_AT.to_string(), now.to_string()),
             (keys::FAILURE_REASON.to_string(), "BuildFailed".to_string()),
         ]);
-        let nodes = vec![ready, failed, node("b-installing", true), node("c-cpu", false)];
+        let nodes = vec![
+            ready,
+            failed,
+            node("b-installing", true),
+            node("c-cpu", false),
+        ];
         let running = |j: &str| j.contains("b-installing");
         let st = compute(&s, Some(3), &nodes, running, None, now);
         assert_eq!(st.selected_nodes, 4);
@@ -195,7 +204,13 @@ mod tests {
         assert_eq!(st.failed_nodes, 1);
         assert_eq!(st.phases["NoGpu"], 1);
         assert_eq!(st.nodes[0].name, "z-failed");
-        assert!(st.nodes[0].message.as_deref().unwrap().starts_with("BuildFailed"));
+        assert!(
+            st.nodes[0]
+                .message
+                .as_deref()
+                .unwrap()
+                .starts_with("BuildFailed")
+        );
         assert_eq!(st.observed_generation, Some(3));
         assert_eq!(st.conditions[0].status, "False");
         // Recomputing later with nothing changed gives the same object.
