@@ -283,6 +283,42 @@ pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
     }
 }
 
+/// The install Job for a made-up GPU node: what `deploy/job-template.yaml`
+/// shows.
+pub fn example(
+    gd: &GpuDriver,
+    node: &str,
+    os_image: &str,
+    kernel: &str,
+    namespace: &str,
+) -> Result<Job, String> {
+    let facts = super::decide::NodeFacts {
+        name: node.to_string(),
+        kernel: kernel.to_string(),
+        os_image: os_image.to_string(),
+        boot_id: "00000000-0000-0000-0000-000000000000".to_string(),
+        arch: "amd64".to_string(),
+        labels: [(keys::NFD_NVIDIA_LABEL.to_string(), "true".to_string())].into(),
+        ..Default::default()
+    };
+    match super::decide::plan(&gd.spec, &facts, 0) {
+        super::decide::Plan::Install {
+            job, image, key, ..
+        } => Ok(build(
+            gd,
+            &JobRequest {
+                role: JobRole::Install,
+                name: &job,
+                namespace,
+                node,
+                image: &image,
+                key: &key,
+            },
+        )),
+        other => Err(format!("no install Job for that node: {other:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
