@@ -67,6 +67,11 @@ pub struct GpuDriverSpec {
     /// Extra arguments for `gpu-driver-installer run` (e.g. `--peermem`).
     #[serde(default)]
     pub extra_args: Vec<String>,
+    /// Extra annotations on the Job pods (e.g. for a service mesh or cost
+    /// accounting; the tests use it to tell the simulated kubelet how a pod
+    /// ends).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
 }
 
 pub fn default_max_parallel() -> u32 {

@@ -394,6 +394,7 @@ mod tests {
             startup_taint: Some("gpu-driver.gardenlinux.io/not-ready".into()),
             job: Default::default(),
             extra_args: vec![],
+            pod_annotations: BTreeMap::new(),
         }
     }
 

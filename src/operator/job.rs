@@ -272,7 +272,11 @@ pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
-                    annotations: Some(annotations),
+                    annotations: Some({
+                        let mut a = spec.pod_annotations.clone();
+                        a.extend(annotations);
+                        a
+                    }),
                     ..Default::default()
                 }),
                 spec: Some(pod),

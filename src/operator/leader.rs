@@ -61,7 +61,12 @@ pub fn can_take(lease: &Lease, identity: &str, now: Timestamp) -> bool {
 }
 
 /// One attempt to take or renew the Lease; true when we hold it after.
-async fn try_acquire(api: &Api<Lease>, cfg: &LeaseConfig, metrics: &Metrics) -> kube::Result<bool> {
+pub async fn try_acquire(
+    client: &Client,
+    cfg: &LeaseConfig,
+    metrics: &Metrics,
+) -> kube::Result<bool> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
     let now = Timestamp::now();
     let secs = i32::try_from(cfg.lease_duration.as_secs()).unwrap_or(15);
     match api.get_opt(&cfg.name).await? {
@@ -117,9 +122,8 @@ pub async fn lead(
     cfg: LeaseConfig,
     metrics: Arc<Metrics>,
 ) -> tokio::sync::watch::Receiver<bool> {
-    let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     loop {
-        match try_acquire(&api, &cfg, &metrics).await {
+        match try_acquire(&client, &cfg, &metrics).await {
             Ok(true) => break,
             Ok(false) => {}
             Err(e) => tracing::warn!("leader election: {e}"),
@@ -138,7 +142,7 @@ pub async fn lead(
         let mut last_ok = Instant::now();
         loop {
             tokio::time::sleep(cfg.renew_period).await;
-            match try_acquire(&api, &cfg, &metrics).await {
+            match try_acquire(&client, &cfg, &metrics).await {
                 Ok(true) => last_ok = Instant::now(),
                 Ok(false) => {
                     tracing::error!("leader lease taken by another instance");
