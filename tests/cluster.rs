@@ -94,9 +94,12 @@ fn control_plane_runs_jobs_on_simulated_nodes() {
         "True",
         WAIT,
     );
-    let n: Value = serde_json::from_str(&c.kubectl(&["get", "node", "gpu-node-1", "-o", "json"]))
-        .unwrap();
-    assert_eq!(n["status"]["nodeInfo"]["kernelVersion"], "6.6.63-cloud-amd64");
+    let n: Value =
+        serde_json::from_str(&c.kubectl(&["get", "node", "gpu-node-1", "-o", "json"])).unwrap();
+    assert_eq!(
+        n["status"]["nodeInfo"]["kernelVersion"],
+        "6.6.63-cloud-amd64"
+    );
     assert_eq!(n["status"]["nodeInfo"]["osImage"], "Garden Linux 1592.4");
     assert!(
         n["spec"]["taints"].is_null(),
@@ -124,8 +127,7 @@ fn control_plane_runs_jobs_on_simulated_nodes() {
     assert_eq!(terminated["exitCode"], 0, "{pod}");
     assert_eq!(terminated["message"], message, "{pod}");
     assert_eq!(
-        pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"],
-        "Completed",
+        pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"], "Completed",
         "{pod}"
     );
 

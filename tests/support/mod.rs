@@ -1,2 +1,2 @@
-pub mod http;
 pub mod cluster;
+pub mod http;
