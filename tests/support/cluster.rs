@@ -129,20 +129,20 @@ fn cached_bin_dir() -> Option<PathBuf> {
     (d.join(".complete").is_file() && has_binaries(&d)).then_some(d)
 }
 
-/// A base port N with N..N+5 all free on loopback now.
+/// A base port N with N..N+5 all free on loopback now, below Linux's
+/// ephemeral range (32768 and up), where client connections can't take them.
 fn free_port_base() -> u16 {
-    // Start from an ephemeral port the kernel hands out, so that parallel
-    // test processes spread over the range.
-    for _ in 0..50 {
-        let probe = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        let p = probe.local_addr().unwrap().port();
-        drop(probe);
-        let base = if p > 65000 { p - 1000 } else { p };
+    use std::hash::{BuildHasher, Hasher};
+    for _ in 0..100 {
+        // RandomState is seeded randomly per instance: a random number.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let base = 20000 + (h.finish() % 12000) as u16;
         if (base..base + 6).all(|q| TcpListener::bind(("127.0.0.1", q)).is_ok()) {
             return base;
         }
     }
-    panic!("no 6 consecutive free loopback ports found");
+    panic!("no 6 consecutive free loopback ports found in 20000..32000");
 }
 
 impl Cluster {
