@@ -261,7 +261,9 @@ async fn main() -> Result<(), String> {
     let mut converged = None;
     let mut last = 0;
     while started.elapsed() < Duration::from_secs(a.timeout) {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        // Each poll lists up to N nodes' metadata: once a second keeps the
+        // observer's own load on the apiserver small.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         let n = ready_count(&client).await;
         if n != last {
             eprintln!("{:>7.1}s  {n}/{} nodes ready", started.elapsed().as_secs_f64(), a.nodes);
