@@ -48,12 +48,7 @@ fn args() -> Result<Args, String> {
     while let Some(x) = it.next() {
         match x.as_str() {
             "--kubeconfig" => a.kubeconfig = it.next().ok_or("--kubeconfig FILE")?,
-            "--nodes" => {
-                a.nodes = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .ok_or("--nodes N")?
-            }
+            "--nodes" => a.nodes = it.next().and_then(|n| n.parse().ok()).ok_or("--nodes N")?,
             "--timeout" => {
                 a.timeout = it
                     .next()
@@ -125,7 +120,10 @@ async fn request_totals(client: &Client) -> Result<BTreeMap<String, f64>, String
 }
 
 /// The writes only the operator (or the baseline) makes.
-fn operator_writes(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, BTreeMap<String, f64>) {
+fn operator_writes(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> (f64, BTreeMap<String, f64>) {
     let counted = [
         "POST batch/jobs/",
         "PATCH /nodes/",
@@ -151,8 +149,8 @@ async fn setup(client: &Client, nodes: usize) -> Result<(), String> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let _ = crds.create(&PostParams::default(), &GpuDriver::crd()).await;
     let nss: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))
-        .map_err(|e| e.to_string())?;
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": NS}})).map_err(|e| e.to_string())?;
     let _ = nss.create(&PostParams::default(), &ns).await;
     // The CRD must be served before a GpuDriver can be created.
     let gds: Api<GpuDriver> = Api::all(client.clone());
@@ -266,7 +264,11 @@ async fn main() -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(1000)).await;
         let n = ready_count(&client).await;
         if n != last {
-            eprintln!("{:>7.1}s  {n}/{} nodes ready", started.elapsed().as_secs_f64(), a.nodes);
+            eprintln!(
+                "{:>7.1}s  {n}/{} nodes ready",
+                started.elapsed().as_secs_f64(),
+                a.nodes
+            );
             last = n;
         }
         if n >= a.nodes {

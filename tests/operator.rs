@@ -4,7 +4,7 @@
 //! installer's own result documents as termination messages, and the nodes
 //! get annotated; a failure leaves an Event and no ready label; a reboot
 //! (new bootID) reinstalls. The operator runs in-process with a real kube
-//! client. Fails (does not skip) under CI=true without the binaries.
+//! client, authenticated as its own ServiceAccount (deploy/rbac.yaml). Fails (does not skip) under CI=true without the binaries.
 
 mod support;
 
@@ -102,11 +102,36 @@ struct Running {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// A kubeconfig with a token of the operator's own ServiceAccount: the
+/// operator runs with exactly the RBAC of deploy/rbac.yaml, not as admin.
+fn operator_kubeconfig(c: &Cluster) -> std::path::PathBuf {
+    let token = c.kubectl(&[
+        "create",
+        "token",
+        "gpu-driver-operator",
+        "-n",
+        NS,
+        "--duration=2h",
+    ]);
+    let cfg = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": c.server, "certificate-authority": c.ca_file}}],
+        "users": [{"name": "operator", "user": {"token": token.trim()}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
+        "current-context": "operator",
+    });
+    let path = c.dir.join("operator.kubeconfig");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    path
+}
+
 impl Running {
     fn start(c: &Cluster) -> Running {
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
-        let kubeconfig = c.kubeconfig.clone();
+        let kubeconfig = operator_kubeconfig(c);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Runtime::new().unwrap();

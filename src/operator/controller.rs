@@ -421,7 +421,15 @@ async fn drive_job(
     };
     let pods = ctx.pods_of(name);
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-    let (result, failure) = match outcome::job_state(&job, &pod_refs) {
+    let (result, failure) = match outcome::job_state(&job, &pod_refs, Timestamp::now().as_second())
+    {
+        // A finished Job whose pod the cache has not caught up with: the
+        // pod's event comes; the requeue covers a pod that never does.
+        JobState::Running if job_is_terminal(&job) => {
+            return Ok(Action::requeue(Duration::from_secs(
+                outcome::LOST_POD_GRACE_SECONDS as u64 + 5,
+            )));
+        }
         JobState::Running => return Ok(Action::await_change()),
         JobState::Succeeded(result) => (result, None),
         JobState::Failed {

@@ -112,7 +112,8 @@ async fn poll_node(
         .await?
         .items;
     let refs: Vec<&Pod> = pods.iter().collect();
-    if let JobState::Succeeded(Some(r)) = outcome::job_state(&job, &refs)
+    if let JobState::Succeeded(Some(r)) =
+        outcome::job_state(&job, &refs, Timestamp::now().as_second())
         && r.phase == Phase::Succeeded
     {
         metrics.write("patch", "nodes");

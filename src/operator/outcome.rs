@@ -125,26 +125,47 @@ fn pod_finished_at(pod: &Pod) -> i64 {
         .map_or(0, |t| t.0.as_second())
 }
 
-pub fn job_state(job: &Job, pods: &[&Pod]) -> JobState {
+fn is_terminal(pod: &Pod) -> bool {
+    matches!(pod_phase(pod), "Succeeded" | "Failed")
+}
+
+/// How long a finished Job may show no pod at all before the result is
+/// taken as lost (the pod was garbage-collected): the caches of Jobs and
+/// pods are separate watches, and under load the Job's condition arrives
+/// well before the pod's last status.
+pub const LOST_POD_GRACE_SECONDS: i64 = 120;
+
+pub fn job_state(job: &Job, pods: &[&Pod], now_unix: i64) -> JobState {
     if let Some(p) = pods.iter().find(|p| pod_phase(p) == "Succeeded") {
         return JobState::Succeeded(termination_message(p).and_then(parse_message));
     }
-    let conditions = job
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or(&[]);
+    let status = job.status.as_ref();
+    let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or(&[]);
     let true_cond = |t: &str| {
         conditions
             .iter()
             .find(|c| c.type_ == t && c.status == "True")
     };
-    if true_cond("Complete").is_some() {
-        // Complete without a succeeded pod in the cache: the pod is gone
-        // (garbage-collected); trust the Job.
-        return JobState::Succeeded(None);
+    let since = |c: &k8s_openapi::api::batch::v1::JobCondition| {
+        c.last_transition_time
+            .as_ref()
+            .map_or(0, |t| now_unix - t.0.as_second())
+    };
+    if let Some(c) = true_cond("Complete").or_else(|| true_cond("SuccessCriteriaMet")) {
+        // Complete, but our pod cache has not seen the pod succeed yet:
+        // wait for it (its event triggers the next reconcile). Only a pod
+        // that is gone for good means the result is lost.
+        if pods.is_empty() && since(c) > LOST_POD_GRACE_SECONDS {
+            return JobState::Succeeded(None);
+        }
+        return JobState::Running;
     }
     if let Some(c) = true_cond("Failed").or_else(|| true_cond("FailureTarget")) {
+        // Wait until the cache shows every pod ended, so that the last
+        // pod's result (the installer's reason) is there to report.
+        if pods.iter().any(|p| !is_terminal(p)) && since(c) <= LOST_POD_GRACE_SECONDS {
+            return JobState::Running;
+        }
         let last = pods
             .iter()
             .filter(|p| pod_phase(p) == "Failed")
@@ -282,14 +303,14 @@ mod tests {
         let ok = serde_json::to_string(&run_result(Reason::Verified, true)).unwrap();
         let bad = serde_json::to_string(&run_result(Reason::BuildFailed, false)).unwrap();
         let mut job = Job::default();
-        assert_eq!(job_state(&job, &[]), JobState::Running);
+        assert_eq!(job_state(&job, &[], 0), JobState::Running);
         let p = pod("Succeeded", Some(ok));
         assert!(matches!(
-            job_state(&job, &[&p]),
+            job_state(&job, &[&p], 0),
             JobState::Succeeded(Some(r)) if r.reason == Reason::Verified
         ));
         let f = pod("Failed", Some(bad));
-        assert_eq!(job_state(&job, &[&f]), JobState::Running);
+        assert_eq!(job_state(&job, &[&f], 0), JobState::Running);
         job.status = Some(JobStatus {
             conditions: Some(vec![JobCondition {
                 type_: "Failed".into(),
@@ -301,11 +322,53 @@ mod tests {
         });
         let JobState::Failed {
             result, job_reason, ..
-        } = job_state(&job, &[&f])
+        } = job_state(&job, &[&f], 0)
         else {
             panic!()
         };
         assert_eq!(result.unwrap().reason, Reason::BuildFailed);
         assert_eq!(job_reason, "BackoffLimitExceeded");
+    }
+
+    #[test]
+    fn a_finished_job_waits_for_its_pods_in_the_cache() {
+        use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let t0: k8s_openapi::jiff::Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let job = |type_: &str| Job {
+            status: Some(JobStatus {
+                conditions: Some(vec![JobCondition {
+                    type_: type_.into(),
+                    status: "True".into(),
+                    last_transition_time: Some(Time(t0)),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let now = t0.as_second();
+        // Complete before the cache shows the pod succeed: wait.
+        let running = pod("Running", None);
+        assert_eq!(
+            job_state(&job("Complete"), &[&running], now + 1),
+            JobState::Running
+        );
+        assert_eq!(job_state(&job("Complete"), &[], now + 1), JobState::Running);
+        // No pod long after: the result is lost.
+        assert_eq!(
+            job_state(&job("Complete"), &[], now + LOST_POD_GRACE_SECONDS + 1),
+            JobState::Succeeded(None)
+        );
+        // Failed while the cache still shows the pod running: wait for
+        // the pod's reason.
+        assert_eq!(
+            job_state(&job("Failed"), &[&running], now + 1),
+            JobState::Running
+        );
+        assert!(matches!(
+            job_state(&job("Failed"), &[], now + 1),
+            JobState::Failed { result: None, .. }
+        ));
     }
 }
