@@ -2,14 +2,15 @@
 //! apiserver answers over TLS with the harness's CA and token, KWOK turns a
 //! new Node Ready keeping its nodeInfo, and a Job pinned to that node runs a
 //! pod that completes with the termination message (or exit code) the test
-//! asked for, as the operator's installer Jobs will.
+//! asked for, as the operator's installer Jobs will; the audit log records
+//! each write with its client.
 
 mod support;
 
 use std::time::Duration;
 
 use serde_json::Value;
-use support::cluster::{Cluster, EXIT_CODE, JobPods, TERMINATION_MESSAGE};
+use support::cluster::{Cluster, EXIT_CODE, JobPods, Options, TERMINATION_MESSAGE};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -74,7 +75,12 @@ fn pod_of(c: &Cluster, job: &str) -> Value {
 
 #[test]
 fn control_plane_runs_jobs_on_simulated_nodes() {
-    let Some(c) = Cluster::start() else { return };
+    let Some(c) = Cluster::start_with_options(Options {
+        audit: true,
+        ..Options::default()
+    }) else {
+        return;
+    };
 
     // TLS with the harness's CA, the admin token, a real apiserver.
     let (status, body) = c.get("/version");
@@ -105,6 +111,23 @@ fn control_plane_runs_jobs_on_simulated_nodes() {
         n["spec"]["taints"].is_null(),
         "a simulated node must be schedulable: {}",
         n["spec"]
+    );
+
+    // The audit log tells who wrote what: the benchmark's writes per node.
+    let writes = c.writes();
+    assert!(
+        writes.iter().any(|w| w.verb == "create"
+            && w.resource == "nodes"
+            && w.name == "gpu-node-1"
+            && w.user_agent.starts_with("kubectl")
+            && w.code == 201),
+        "{writes:#?}"
+    );
+    assert!(
+        writes.iter().any(|w| w.resource == "nodes"
+            && w.subresource == "status"
+            && w.user_agent.starts_with("kwok")),
+        "KWOK made the node Ready: {writes:#?}"
     );
 
     // Success with a termination message (JSON, quotes and a newline).

@@ -46,6 +46,30 @@ pub enum JobPods {
     Manual,
 }
 
+/// What a cluster is started with.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    pub job_pods: JobPods,
+    /// Log every API write to an audit log ([`Cluster::writes`]).
+    pub audit: bool,
+}
+
+/// One write request, from the apiserver's audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiWrite {
+    pub user_agent: String,
+    /// create, update, patch, delete, deletecollection
+    pub verb: String,
+    /// e.g. "nodes", "jobs", "events"
+    pub resource: String,
+    /// e.g. "status", or empty
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    /// The HTTP status code of the answer.
+    pub code: u16,
+}
+
 pub struct Cluster {
     /// The state directory (certificates, logs/, kubeconfig).
     pub dir: PathBuf,
@@ -59,6 +83,8 @@ pub struct Cluster {
     pub ca_file: PathBuf,
     /// The directory of the binaries (kubectl is there too).
     pub bin: PathBuf,
+    /// The apiserver's audit log of writes, when started with `audit`.
+    pub audit_log: Option<PathBuf>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -153,6 +179,13 @@ impl Cluster {
     }
 
     pub fn start_with(job_pods: JobPods) -> Option<Cluster> {
+        Self::start_with_options(Options {
+            job_pods,
+            ..Options::default()
+        })
+    }
+
+    pub fn start_with_options(opts: Options) -> Option<Cluster> {
         let bin = bin_dir()?;
         let mut last_err = String::new();
         // A port taken between the probe and the bind fails `up`: retry.
@@ -161,7 +194,7 @@ impl Cluster {
                 .prefix("gpu-driver-cluster-")
                 .tempdir()
                 .expect("temp dir");
-            match Self::up(&bin, tmp.path(), job_pods) {
+            match Self::up(&bin, tmp.path(), opts) {
                 Ok(mut c) => {
                     c._tmp = Some(tmp);
                     return Some(c);
@@ -183,16 +216,20 @@ impl Cluster {
         SHARED.get_or_init(Self::start).as_ref()
     }
 
-    fn up(bin: &Path, dir: &Path, job_pods: JobPods) -> Result<Cluster, String> {
+    fn up(bin: &Path, dir: &Path, opts: Options) -> Result<Cluster, String> {
         let started = Instant::now();
-        let out = Command::new(repo().join("scripts/local-cluster"))
-            .arg("up")
+        let mut cmd = Command::new(repo().join("scripts/local-cluster"));
+        cmd.arg("up");
+        if opts.audit {
+            cmd.arg("--audit");
+        }
+        let out = cmd
             .arg("--dir")
             .arg(dir)
             .arg("--port-base")
             .arg(free_port_base().to_string())
             .arg("--job-pods")
-            .arg(match job_pods {
+            .arg(match opts.job_pods {
                 JobPods::Auto => "auto",
                 JobPods::Manual => "manual",
             })
@@ -224,6 +261,9 @@ impl Cluster {
             token: fs::read_to_string(get("TOKEN_FILE")?).map_err(|e| e.to_string())?,
             ca_file: PathBuf::from(get("CA_FILE")?),
             bin: PathBuf::from(get("BIN")?),
+            audit_log: Some(get("AUDIT_LOG")?)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             _tmp: None,
         };
         eprintln!(
@@ -342,6 +382,31 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Every write the apiserver has answered so far, oldest first (needs
+    /// [`Options::audit`]). Count a client's by its user agent, e.g.
+    /// `c.writes().iter().filter(|w| w.user_agent.starts_with("gpu-driver-operator"))`.
+    pub fn writes(&self) -> Vec<ApiWrite> {
+        let path = self
+            .audit_log
+            .as_ref()
+            .expect("writes() needs a cluster started with Options { audit: true, .. }");
+        let log = fs::read_to_string(path).unwrap_or_default();
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["stage"] == "ResponseComplete")
+            .map(|e| ApiWrite {
+                user_agent: s(&e["userAgent"]),
+                verb: s(&e["verb"]),
+                resource: s(&e["objectRef"]["resource"]),
+                subresource: s(&e["objectRef"]["subresource"]),
+                namespace: s(&e["objectRef"]["namespace"]),
+                name: s(&e["objectRef"]["name"]),
+                code: e["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+            })
+            .collect()
     }
 
     /// The tail of a component's log (etcd, kube-apiserver, ...), for
