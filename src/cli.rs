@@ -21,7 +21,7 @@ use crate::host::{HostRoot, HostRootSource, ModuleFlavor};
 use crate::load::{self, InstallOptions, UninstallOptions};
 use crate::report::{self, Kind, Outcome, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
-use crate::run::{RunResult, RunSpec, Steps};
+use crate::run::{Installed, RunResult, RunSpec, Steps};
 use crate::verify::{self, VerifyOptions};
 
 #[derive(Debug, Parser)]
@@ -89,6 +89,13 @@ pub enum Command {
     Run(RunArgs),
     /// Print the JSON Schema of every result document.
     Schema,
+    /// Copy this binary to PATH (mode 0755) and print PATH: the init
+    /// container of an operator Job uses it to hand the installer from the
+    /// scratch installer image to the builder image (no `cp` in scratch).
+    CopySelf {
+        #[arg(value_name = "PATH")]
+        dest: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -349,6 +356,11 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             emit_raw(g, &crate::schema::results_schema_json()?)?;
             Ok(0)
         }
+        Command::CopySelf { dest } => {
+            copy_self(dest)?;
+            emit_raw(g, &format!("{}\n", dest.display()))?;
+            Ok(0)
+        }
         Command::Detect => {
             let root = host_root(g);
             let doc = match load_catalog(g) {
@@ -599,6 +611,11 @@ fn run_job(g: &GlobalArgs, args: &RunArgs) -> RunResult {
     if !steps.push(Kind::InstallResult, &installed) {
         return steps.finish(spec, None);
     }
+    steps.set_installed(Installed {
+        driver_version: installed.status.driver_version.clone(),
+        flavor: installed.status.flavor,
+        kernel_release: installed.status.kernel_release.clone(),
+    });
     let verified = verify::verify(&VerifyOptions {
         root: &root,
         nvidia_smi: args.nvidia_smi.clone(),
@@ -828,6 +845,16 @@ fn emit_raw(g: &GlobalArgs, text: &str) -> Result<()> {
                 .map_err(|e| Error::io(Reason::Internal, "writing", Path::new("<stdout>"), e))
         }
     }
+}
+
+fn copy_self(dest: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::new(Reason::Internal, format!("finding this binary: {e}")))?;
+    let bytes = std::fs::read(&exe).map_err(|e| Error::io(Reason::Internal, "reading", &exe, e))?;
+    write_atomic(dest, &bytes)?;
+    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| Error::io(Reason::InvalidArgument, "chmod", dest, e))
 }
 
 /// Temp file in the same directory, fsync, rename: a reader never sees a

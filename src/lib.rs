@@ -16,6 +16,8 @@ pub mod headers;
 pub mod host;
 pub mod load;
 pub mod modinfo;
+#[cfg(feature = "operator")]
+pub mod operator;
 pub mod report;
 pub mod resolve;
 pub mod run;

@@ -10,6 +10,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::host::ModuleFlavor;
 use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -37,7 +38,23 @@ pub struct Step {
 pub struct RunStatus {
     #[serde(flatten)]
     pub outcome: Outcome,
+    /// What the install step loaded, when it succeeded: the operator writes
+    /// these onto the node without parsing step messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed: Option<Installed>,
     pub steps: Vec<Step>,
+}
+
+/// The driver now in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Installed {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flavor: Option<ModuleFlavor>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_release: Option<String>,
 }
 
 pub type RunResult = Document<RunSpec, RunStatus>;
@@ -51,6 +68,7 @@ impl ResultDocument for RunResult {
 /// Collects steps; `push` says whether to go on.
 pub struct Steps {
     steps: Vec<Step>,
+    installed: Option<Installed>,
 }
 
 impl Default for Steps {
@@ -61,7 +79,10 @@ impl Default for Steps {
 
 impl Steps {
     pub fn new() -> Self {
-        Steps { steps: Vec::new() }
+        Steps {
+            steps: Vec::new(),
+            installed: None,
+        }
     }
 
     /// Records a step's document (also logged whole on stderr) and returns
@@ -80,6 +101,11 @@ impl Steps {
         o.phase == Phase::Succeeded
     }
 
+    /// Records what the install step loaded.
+    pub fn set_installed(&mut self, installed: Installed) {
+        self.installed = Some(installed);
+    }
+
     /// Ends the run with the last step's outcome (or `outcome` when given).
     pub fn finish(self, spec: RunSpec, outcome: Option<Outcome>) -> RunResult {
         let outcome = outcome.unwrap_or_else(|| {
@@ -93,6 +119,7 @@ impl Steps {
             spec,
             RunStatus {
                 outcome,
+                installed: self.installed,
                 steps: self.steps,
             },
         )

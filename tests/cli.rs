@@ -630,3 +630,23 @@ fn the_embedded_catalog_refuses_measured_broken_pairs() {
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
 }
+
+#[test]
+fn copy_self_hands_over_an_executable_copy() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("gpu-driver-installer");
+    let out = bin().arg("copy-self").arg(&dest).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        dest.display().to_string()
+    );
+    let mode = fs::metadata(&dest).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755);
+    let v = std::process::Command::new(&dest)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&v.stdout).starts_with("gpu-driver-installer "));
+}

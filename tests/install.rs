@@ -53,7 +53,7 @@ fn tiny_module(modinfo: &[u8]) -> Vec<u8> {
     out.extend_from_slice(shstrtab);
     let modinfo_off = out.len() as u64;
     out.extend_from_slice(modinfo);
-    while out.len() % 8 != 0 {
+    while !out.len().is_multiple_of(8) {
         out.push(0);
     }
     let shoff = out.len() as u64;

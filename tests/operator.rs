@@ -1,0 +1,447 @@
+//! The operator against a real control plane (tests/support/cluster.rs:
+//! etcd, kube-apiserver, the Job controller, KWOK): the deploy/ manifests
+//! are accepted, GPU nodes get pinned Jobs whose pods end with the
+//! installer's own result documents as termination messages, and the nodes
+//! get annotated; a failure leaves an Event and no ready label; a reboot
+//! (new bootID) reinstalls. The operator runs in-process with a real kube
+//! client, authenticated as its own ServiceAccount (deploy/rbac.yaml). Fails (does not skip) under CI=true without the binaries.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_driver::operator::controller::{self, Options};
+use gpu_driver::operator::keys;
+use gpu_driver::operator::leader;
+use gpu_driver::operator::metrics::Metrics;
+use gpu_driver::report::{Outcome, Reason};
+use gpu_driver::run::{Installed, RunSpec, Steps};
+use serde_json::{Value, json};
+use support::cluster::{Cluster, EXIT_CODE, TERMINATION_MESSAGE};
+
+const WAIT: Duration = Duration::from_secs(120);
+const NS: &str = "gpu-driver";
+
+fn repo_file(p: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p)).unwrap()
+}
+
+/// What a real `gpu-driver-installer run` writes on success or failure.
+fn run_result(reason: Reason, message: &str) -> String {
+    let mut steps = Steps::new();
+    if reason == Reason::Verified {
+        steps.set_installed(Installed {
+            driver_version: Some("580.95.05".into()),
+            flavor: Some(gpu_driver::host::ModuleFlavor::Open),
+            kernel_release: Some("6.6.63-cloud-amd64".into()),
+        });
+    }
+    let doc = steps.finish(
+        RunSpec {
+            host_root: "/proc/1/root".into(),
+            artifact: None,
+            driver_version: None,
+        },
+        Some(Outcome::new(reason, message)),
+    );
+    gpu_driver::report::termination_message(gpu_driver::report::Kind::RunResult, &doc).unwrap()
+}
+
+fn gpudriver(name: &str, pool: &str, pod_annotations: Value) -> String {
+    json!({
+        "apiVersion": "gpu-driver.gardenlinux.io/v1alpha1",
+        "kind": "GpuDriver",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"pool": pool},
+            "builderImages": [{"gardenLinuxVersion": "1592", "image": "kmodbuild:{gardenLinuxVersion}"}],
+            "installerImage": "gpu-driver-installer:test",
+            "startupTaint": "gpu-driver.gardenlinux.io/driver-not-ready",
+            "driver": {"flavor": "open"},
+            "job": {"retryBaseSeconds": 3600},
+            "podAnnotations": pod_annotations,
+        }
+    })
+    .to_string()
+}
+
+fn node(name: &str, pool: &str, gpu: bool, taint: bool) -> String {
+    let mut labels = json!({"pool": pool});
+    if gpu {
+        labels[keys::NFD_NVIDIA_LABEL] = json!("true");
+    }
+    let mut n = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"nodeInfo": {
+            "kernelVersion": "6.6.63-cloud-amd64",
+            "osImage": "Garden Linux 1592.4",
+            "bootID": "boot-1",
+            "architecture": "amd64",
+        }}
+    });
+    if taint {
+        n["spec"] = json!({"taints": [{"key": "gpu-driver.gardenlinux.io/driver-not-ready", "effect": "NoSchedule"}]});
+    }
+    n.to_string()
+}
+
+fn get_json(c: &Cluster, args: &[&str]) -> Value {
+    let mut full = vec!["get"];
+    full.extend_from_slice(args);
+    full.extend_from_slice(&["-o", "json"]);
+    serde_json::from_str(&c.kubectl(&full)).unwrap()
+}
+
+/// The operator, in this process, on its own runtime thread.
+struct Running {
+    metrics: Arc<Metrics>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A kubeconfig with a token of the operator's own ServiceAccount: the
+/// operator runs with exactly the RBAC of deploy/rbac.yaml, not as admin.
+fn operator_kubeconfig(c: &Cluster) -> std::path::PathBuf {
+    let token = c.kubectl(&[
+        "create",
+        "token",
+        "gpu-driver-operator",
+        "-n",
+        NS,
+        "--duration=2h",
+    ]);
+    let cfg = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": c.server, "certificate-authority": c.ca_file}}],
+        "users": [{"name": "operator", "user": {"token": token.trim()}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
+        "current-context": "operator",
+    });
+    let path = c.dir.join("operator.kubeconfig");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    path
+}
+
+impl Running {
+    fn start(c: &Cluster) -> Running {
+        let metrics = Arc::new(Metrics::default());
+        let m = metrics.clone();
+        let kubeconfig = operator_kubeconfig(c);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let client = client(&kubeconfig).await;
+                let opts = Options {
+                    namespace: NS.into(),
+                    instance: "test".into(),
+                    status_interval: Duration::from_millis(500),
+                };
+                controller::run(client, opts, m, async move {
+                    let _ = rx.await;
+                })
+                .await;
+            });
+        });
+        Running {
+            metrics,
+            stop: Some(tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn client(kubeconfig: &std::path::Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(cfg).unwrap()
+}
+
+fn install_base(c: &Cluster) {
+    c.apply(&repo_file("deploy/namespace.yaml"));
+    c.apply(&repo_file("deploy/crd.yaml"));
+    c.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/gpudrivers.gpu-driver.gardenlinux.io",
+        "--timeout=60s",
+    ]);
+    c.apply(&repo_file("deploy/rbac.yaml"));
+}
+
+#[test]
+fn manifests_are_accepted_by_the_apiserver() {
+    let Some(c) = Cluster::start() else { return };
+    install_base(&c);
+    for f in ["deploy/operator.yaml", "deploy/examples/gpudriver.yaml"] {
+        let out = c.kubectl_output(
+            &["apply", "--dry-run=server", "-f", "-"],
+            Some(&repo_file(f)),
+        );
+        assert!(
+            out.status.success(),
+            "{f}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The kustomization renders, and what it renders is accepted.
+    let rendered = c.kubectl(&["kustomize", concat!(env!("CARGO_MANIFEST_DIR"), "/deploy")]);
+    let out = c.kubectl_output(&["apply", "--dry-run=server", "-f", "-"], Some(&rendered));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The Job template is a valid Job for this apiserver.
+    let out = c.kubectl_output(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&repo_file("deploy/job-template.yaml")),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The installer's account may do nothing.
+    let can = c.kubectl_output(
+        &[
+            "auth",
+            "can-i",
+            "--list",
+            "--as=system:serviceaccount:gpu-driver:gpu-driver-installer",
+        ],
+        None,
+    );
+    let list = String::from_utf8_lossy(&can.stdout);
+    for line in list.lines().skip(1) {
+        // Lines starting blank are non-resource URLs (discovery, health):
+        // open to every authenticated user.
+        if line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        let res = line.split_whitespace().next().unwrap_or("");
+        // What every authenticated user may do (discovery, self reviews).
+        assert!(
+            res.ends_with(".authorization.k8s.io")
+                || res.ends_with(".authentication.k8s.io")
+                || res.is_empty(),
+            "installer account can: {line}"
+        );
+    }
+}
+
+#[test]
+fn leader_lease_has_one_holder() {
+    let Some(c) = Cluster::start() else { return };
+    install_base(&c);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = client(&c.kubeconfig).await;
+        let m = Metrics::default();
+        let a = leader::LeaseConfig::new(NS, "a");
+        let b = leader::LeaseConfig::new(NS, "b");
+        assert!(leader::try_acquire(&client, &a, &m).await.unwrap());
+        assert!(!leader::try_acquire(&client, &b, &m).await.unwrap());
+        // The holder renews.
+        assert!(leader::try_acquire(&client, &a, &m).await.unwrap());
+        assert!(!leader::try_acquire(&client, &b, &m).await.unwrap());
+    });
+    let lease = get_json(&c, &["lease", "gpu-driver-operator", "-n", NS]);
+    assert_eq!(lease["spec"]["holderIdentity"], "a");
+}
+
+#[test]
+fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
+    let Some(c) = Cluster::start() else { return };
+    install_base(&c);
+    let ok = run_result(Reason::Verified, "driver 580.95.05 verified");
+    let bad = run_result(
+        Reason::KernelApiMismatch,
+        "error: too few arguments to function 'pci_resize_resource'",
+    );
+    c.apply(&gpudriver("ok", "ok", json!({ TERMINATION_MESSAGE: ok })));
+    c.apply(&gpudriver(
+        "bad",
+        "bad",
+        json!({ TERMINATION_MESSAGE: bad, EXIT_CODE: "13" }),
+    ));
+    c.apply(&node("ok-1", "ok", true, true));
+    c.apply(&node("ok-2", "ok", true, false));
+    c.apply(&node("cpu-1", "ok", false, false));
+    c.apply(&node("bad-1", "bad", true, false));
+    let op = Running::start(&c);
+
+    for n in ["ok-1", "ok-2"] {
+        c.wait_for(
+            &["node", n],
+            &format!(
+                "{{.metadata.labels.{}}}",
+                keys::READY_LABEL.replace('.', "\\.")
+            ),
+            "true",
+            WAIT,
+        );
+        let node = get_json(&c, &["node", n]);
+        let a = &node["metadata"]["annotations"];
+        assert_eq!(a[keys::STATE], "Installed", "{a}");
+        assert_eq!(a[keys::DRIVER_VERSION], "580.95.05");
+        assert_eq!(a[keys::FLAVOR], "open");
+        assert_eq!(a[keys::KERNEL], "6.6.63-cloud-amd64");
+        assert_eq!(a[keys::BOOT_ID], "boot-1");
+        assert_eq!(a[keys::OS_IMAGE], "Garden Linux 1592.4");
+        assert!(a[keys::INSTALLED_AT].as_str().is_some());
+        // The startup taint is gone (ok-1 had it).
+        let taints = node["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            !taints
+                .iter()
+                .any(|t| t["key"] == "gpu-driver.gardenlinux.io/driver-not-ready"),
+            "{taints:?}"
+        );
+        // The Job ran pinned to the node, in the builder image, owned.
+        let job_name = a[keys::JOB].as_str().unwrap();
+        let job = get_json(&c, &["job", job_name, "-n", NS]);
+        let pod = &job["spec"]["template"]["spec"];
+        assert_eq!(pod["nodeName"], n);
+        assert_eq!(pod["containers"][0]["image"], "kmodbuild:1592.4");
+        assert_eq!(
+            pod["initContainers"][0]["image"],
+            "gpu-driver-installer:test"
+        );
+        assert_eq!(pod["hostPID"], true);
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        assert_eq!(job["metadata"]["ownerReferences"][0]["kind"], "GpuDriver");
+    }
+    // An Event says so.
+    c.wait_for(
+        &[
+            "events.events.k8s.io",
+            "-A",
+            "--field-selector",
+            "regarding.name=ok-2,reason=DriverInstalled",
+        ],
+        "{.items[0].type}",
+        "Normal",
+        WAIT,
+    );
+
+    // Failure: an Event, the failure on the node, never the ready label.
+    c.wait_for(
+        &["node", "bad-1"],
+        &format!(
+            "{{.metadata.annotations.{}}}",
+            keys::STATE.replace('.', "\\.")
+        ),
+        "Failed",
+        WAIT,
+    );
+    let bad_node = get_json(&c, &["node", "bad-1"]);
+    let a = &bad_node["metadata"]["annotations"];
+    assert_eq!(a[keys::FAILURE_REASON], "KernelApiMismatch", "{a}");
+    assert_eq!(a[keys::FAILURES], "1");
+    assert!(
+        a[keys::FAILURE_MESSAGE]
+            .as_str()
+            .unwrap()
+            .contains("pci_resize_resource")
+    );
+    assert!(bad_node["metadata"]["labels"][keys::READY_LABEL].is_null());
+    assert!(a[keys::DRIVER_VERSION].is_null());
+    c.wait_for(
+        &[
+            "events.events.k8s.io",
+            "-A",
+            "--field-selector",
+            "regarding.name=bad-1,reason=InstallFailed",
+        ],
+        "{.items[0].type}",
+        "Warning",
+        WAIT,
+    );
+
+    // The node without a GPU got nothing.
+    let cpu = get_json(&c, &["node", "cpu-1"]);
+    assert!(
+        cpu["metadata"]["annotations"][keys::STATE].is_null(),
+        "{cpu}"
+    );
+    let jobs = get_json(&c, &["jobs", "-n", NS]);
+    let pinned: Vec<&str> = jobs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["spec"]["template"]["spec"]["nodeName"].as_str().unwrap())
+        .collect();
+    assert!(!pinned.contains(&"cpu-1"), "{pinned:?}");
+    assert_eq!(pinned.len(), 3, "one Job per GPU node: {pinned:?}");
+
+    // The status counts them.
+    c.wait_for(&["gpudriver", "ok"], "{.status.readyNodes}", "2", WAIT);
+    c.wait_for(&["gpudriver", "bad"], "{.status.failedNodes}", "1", WAIT);
+    let st = get_json(&c, &["gpudriver", "ok"]);
+    assert_eq!(st["status"]["selectedNodes"], 3, "{st}");
+    assert_eq!(st["status"]["gpuNodes"], 2, "{st}");
+
+    // Few writes: per installed node a Job, one node patch and one Event.
+    let writes = |res: &str| {
+        op.metrics
+            .render()
+            .lines()
+            .filter(|l| {
+                l.starts_with("gpu_driver_api_writes_total")
+                    && l.contains(&format!("resource=\"{res}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(writes("jobs"), 3);
+    assert_eq!(writes("nodes"), 3);
+
+    // A reboot: new bootID, the modules are gone: ready label off, a new
+    // Job, and the node annotated for the new boot.
+    let first_job = get_json(&c, &["node", "ok-2"])["metadata"]["annotations"][keys::JOB].clone();
+    c.kubectl(&[
+        "patch",
+        "node",
+        "ok-2",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"nodeInfo":{"bootID":"boot-2"}}}"#,
+    ]);
+    c.wait_for(
+        &["node", "ok-2"],
+        &format!(
+            "{{.metadata.annotations.{}}}",
+            keys::BOOT_ID.replace('.', "\\.")
+        ),
+        "boot-2",
+        WAIT,
+    );
+    let node = get_json(&c, &["node", "ok-2"]);
+    assert_eq!(node["metadata"]["labels"][keys::READY_LABEL], "true");
+    assert_ne!(node["metadata"]["annotations"][keys::JOB], first_job);
+    assert_eq!(writes("jobs"), 4);
+    drop(op);
+}
