@@ -172,6 +172,7 @@ async fn client(kubeconfig: &std::path::Path) -> kube::Client {
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .unwrap();
+    gpu_driver::operator::init_tls();
     kube::Client::try_from(cfg).unwrap()
 }
 

@@ -128,9 +128,12 @@ fn execute(command: Command) -> Result<(), String> {
             namespace,
             interval_ms,
         } => runtime()?.block_on(async move {
-            let client = kube::Client::try_default()
-                .await
-                .map_err(|e| format!("connecting to the API server: {e}"))?;
+            let client = {
+                crate::operator::init_tls();
+                kube::Client::try_default()
+            }
+            .await
+            .map_err(|e| format!("connecting to the API server: {e}"))?;
             let m = Arc::new(Metrics::default());
             super::naive::run(
                 client,
@@ -161,9 +164,12 @@ async fn shutdown_signal() {
 }
 
 async fn run(args: RunArgs) -> Result<(), String> {
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("connecting to the API server: {e}"))?;
+    let client = {
+        crate::operator::init_tls();
+        kube::Client::try_default()
+    }
+    .await
+    .map_err(|e| format!("connecting to the API server: {e}"))?;
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
