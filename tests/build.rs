@@ -37,24 +37,9 @@ fn bin() -> Command {
     c
 }
 
-struct Run {
-    code: i32,
-    doc: Value,
-    stderr: String,
-}
-
-fn finish(out: std::process::Output) -> Run {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let doc = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!("stdout is not one JSON document ({e}):\n{stdout}\nstderr:\n{stderr}")
-    });
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        doc,
-        stderr,
-    }
-}
+#[path = "support/run.rs"]
+mod run_support;
+use run_support::{Run, finish};
 
 fn reason(r: &Run) -> &str {
     r.doc["status"]["reason"].as_str().unwrap_or("")

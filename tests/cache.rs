@@ -49,24 +49,9 @@ fn sha256(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-struct Run {
-    code: i32,
-    doc: Value,
-    stderr: String,
-}
-
-fn finish(out: std::process::Output) -> Run {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let doc = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!("stdout is not one JSON document ({e}):\n{stdout}\nstderr:\n{stderr}")
-    });
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        doc,
-        stderr,
-    }
-}
+#[path = "support/run.rs"]
+mod run_support;
+use run_support::{Run, finish};
 
 impl Run {
     fn reason(&self) -> &str {
