@@ -850,18 +850,7 @@ fn register_user_space(root: &HostRoot, st: &mut InstallStatus) {
 
 /// `<drivers>/current` → `name`, switched by renaming a fresh link over it.
 fn switch_current(drivers: &Path, name: &str) -> Result<()> {
-    let current = drivers.join("current");
-    let tmp = drivers.join(format!(".current.{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(name, &tmp).map_err(|e| Error::io(LOCAL_IO, "creating", &tmp, e))?;
-    fs::rename(&tmp, &current).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::io(LOCAL_IO, "renaming into place", &current, e)
-    })?;
-    if let Ok(d) = File::open(drivers) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    crate::userspace::replace_symlink(&drivers.join("current"), Path::new(name))
 }
 
 /// A character device node with mode 0666; an existing node with the right

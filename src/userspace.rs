@@ -333,15 +333,31 @@ pub fn link_run_nvidia_driver(
     }
     let dir = path.parent().unwrap_or(Path::new("/"));
     fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let tmp = dir.join(format!(".driver.{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(current, &tmp)
-        .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
-    fs::rename(&tmp, &path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        format!("renaming {} into place: {e}", path.display())
-    })?;
+    replace_symlink(&path, current).map_err(|e| e.to_string())?;
     Ok(true)
+}
+
+/// Points `link` at `target` by renaming a fresh link (`.<name>.<pid>`
+/// beside it) over it, so that readers see the old or the new target,
+/// never none; then syncs the directory.
+pub fn replace_symlink(link: &Path, target: &Path) -> Result<()> {
+    let dir = link.parent().unwrap_or(Path::new("/"));
+    let name = link
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)
+        .map_err(|e| Error::io(Reason::Internal, "creating", &tmp, e))?;
+    fs::rename(&tmp, link).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(Reason::Internal, "renaming into place", link, e)
+    })?;
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
 
 #[cfg(test)]
