@@ -1595,5 +1595,29 @@ mod tests {
         assert!(check_artifact(d).unwrap_err().message.contains("relative"));
         fs::write(d.join("manifest.json"), manifest(good, "modules/b.ko")).unwrap();
         assert!(check_artifact(d).unwrap_err().message.contains("missing"));
+
+        // User-space links must stay in their directory.
+        let with_link = |file: &str, target: &str| {
+            manifest(good, "modules/a.ko").replace(
+                r#""firmware":[]"#,
+                &format!(r#""firmware":[],"links":[{{"file":"{file}","target":"{target}"}}]"#),
+            )
+        };
+        fs::write(
+            d.join("manifest.json"),
+            with_link("usr/lib/libcuda.so.1", "libcuda.so.1.0"),
+        )
+        .unwrap();
+        assert_eq!(check_artifact(d).unwrap().links.len(), 1);
+        for (file, target) in [
+            ("usr/lib/libcuda.so.1", "../../../etc/shadow"),
+            ("usr/lib/libcuda.so.1", ".."),
+            ("../libcuda.so.1", "libcuda.so.1.0"),
+        ] {
+            fs::write(d.join("manifest.json"), with_link(file, target)).unwrap();
+            let e = check_artifact(d).unwrap_err();
+            assert_eq!(e.reason, Reason::ArtifactInvalid, "{file} -> {target}");
+            assert!(e.message.contains("would leave"), "{}", e.message);
+        }
     }
 }

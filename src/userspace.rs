@@ -441,6 +441,30 @@ libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidi
     }
 
     #[test]
+    fn a_listed_file_the_package_lacks_is_archive_invalid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let top = tmp.path().join("NVIDIA-Linux-x86_64-535.261.03");
+        fs::create_dir(&top).unwrap();
+        fs::write(top.join(".manifest"), MANIFEST).unwrap();
+        let e = collect(tmp.path()).unwrap_err();
+        assert_eq!(e.reason, Reason::ArchiveInvalid);
+        assert!(e.message.contains("nvidia-smi"), "{}", e.message);
+        // Every selected file present: the placements, relative to the
+        // .manifest's directory.
+        for p in select(&parse_dot_manifest(MANIFEST)) {
+            if let Placement::File { src, .. } = p {
+                fs::write(top.join(src), b"x").unwrap();
+            }
+        }
+        let (base, placements) = collect(tmp.path()).unwrap().unwrap();
+        assert_eq!(base, top);
+        assert_eq!(placements.len(), 7);
+        // No .manifest (Debian's tarballs): no user space.
+        let none = tempfile::tempdir().unwrap();
+        assert!(collect(none.path()).unwrap().is_none());
+    }
+
+    #[test]
     fn ld_so_conf_names_the_current_library_directory() {
         let text = ld_so_conf_text(Path::new("/var/lib/gpu-driver/drivers/current"));
         assert!(text.ends_with(&format!(
