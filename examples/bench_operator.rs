@@ -145,6 +145,22 @@ fn operator_writes(
     (total, by)
 }
 
+/// Reads of nodes, Jobs and pods (GET and LIST; watches are not counted).
+/// The controllers watch rather than poll, so these are nearly all the
+/// operator's (or the baseline's), plus this program's one LIST a second.
+fn reads(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> f64 {
+    after
+        .iter()
+        .filter(|(k, _)| {
+            (k.starts_with("GET ") || k.starts_with("LIST "))
+                && ["/nodes/", "batch/jobs/", "/pods/"]
+                    .iter()
+                    .any(|r| k.ends_with(r))
+        })
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+        .sum()
+}
+
 async fn setup(client: &Client, nodes: usize) -> Result<(), String> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let _ = crds.create(&PostParams::default(), &GpuDriver::crd()).await;
@@ -284,6 +300,7 @@ async fn main() -> Result<(), String> {
     let after = request_totals(&client).await?;
     let (writes, by) = operator_writes(&before, &after);
     let own = metrics.total("gpu_driver_api_writes_total");
+    let read = reads(&before, &after);
     let round = |x: f64| (x * 100.0).round() / 100.0;
     println!(
         "{}",
@@ -293,6 +310,7 @@ async fn main() -> Result<(), String> {
             "readyNodes": last,
             "convergeSeconds": converged.map(round),
             "writesPerNode": round(writes / a.nodes as f64),
+            "readsPerNode": round(read / a.nodes as f64),
             "apiserverWrites": by,
             "clientWrites": own,
         })
