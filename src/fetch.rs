@@ -408,6 +408,27 @@ fn transient(msg: String, retryable: bool) -> Transient {
     }
 }
 
+/// A server certificate the trusted roots reject (unknown issuer, wrong
+/// name, expired): configuration, not weather, so a retry only delays the
+/// answer. rustls reports it as its own error, or wrapped in the handshake's
+/// io::Error.
+fn is_certificate_error(e: &ureq::Error) -> bool {
+    let bad = |r: &rustls::Error| {
+        matches!(
+            r,
+            rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+        )
+    };
+    match e {
+        ureq::Error::Rustls(r) => bad(r),
+        ureq::Error::Io(io) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .is_some_and(bad),
+        _ => false,
+    }
+}
+
 /// HTTP statuses worth retrying: timeouts, throttling, server errors.
 pub fn retryable_status(code: u16) -> bool {
     code == 408 || code == 429 || (500..=599).contains(&code)
@@ -427,7 +448,16 @@ fn download_once(
     if have > 0 {
         req = req.header("Range", format!("bytes={have}-"));
     }
-    let resp = req.call().map_err(|e| transient(format!("{e}"), true))?;
+    let resp = req.call().map_err(|e| {
+        if is_certificate_error(&e) {
+            transient(
+                format!("TLS certificate not trusted, not retried ({e}); a private mirror's CA goes in --ca-bundle"),
+                false,
+            )
+        } else {
+            transient(format!("{e}"), true)
+        }
+    })?;
     let status = resp.status().as_u16();
     attempt.http_status = Some(status);
     let header = |name: &str| {

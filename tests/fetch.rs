@@ -567,14 +567,22 @@ fn https_with_a_private_ca_and_no_downgrade() {
     let cache = dir.path().join("cache");
     let url = server.https_url("/p.run");
 
-    // Unknown CA: the TLS handshake fails, nothing is written.
-    let r = fetch(
-        &cache,
-        &["--url", &url, "--sha256", &sum, "--retries", "0"],
-        &[],
-    );
+    // Unknown CA: the TLS handshake fails, nothing is written, and it is
+    // not retried (the default policy would retry a network error 4 times).
+    let r = fetch(&cache, &["--url", &url, "--sha256", &sum], &[]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     assert!(!cache.join(&sum).exists());
+    assert_eq!(
+        r.doc["status"]["attempts"].as_array().unwrap().len(),
+        1,
+        "{}",
+        r.doc
+    );
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("TLS certificate not trusted") && msg.contains("--ca-bundle"),
+        "{msg}"
+    );
 
     // Trusted CA, checksum from the HTTPS companion.
     let r = fetch(
