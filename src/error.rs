@@ -23,8 +23,24 @@ impl Error {
     }
 
     /// An I/O error with the action and the path it concerned, e.g.
-    /// "opening /host/etc/os-release: No such file or directory".
+    /// "opening /host/etc/os-release: No such file or directory". A full
+    /// disk or quota is `InsufficientDisk` whatever the caller's reason:
+    /// the fix is the same (free space there), not a bug report.
     pub fn io(reason: Reason, action: &str, path: &Path, err: std::io::Error) -> Self {
+        use std::io::ErrorKind;
+        if matches!(
+            err.kind(),
+            ErrorKind::StorageFull | ErrorKind::QuotaExceeded
+        ) {
+            return Error::new(
+                Reason::InsufficientDisk,
+                format!("{action} {}: {err}", path.display()),
+            )
+            .with_hint(format!(
+                "free space on the filesystem of {} (or raise the quota), then retry",
+                path.display()
+            ));
+        }
         Error::new(reason, format!("{action} {}: {err}", path.display()))
     }
 
@@ -33,5 +49,36 @@ impl Error {
         self.message.push_str("; ");
         self.message.push_str(hint.as_ref());
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_insufficient_disk_whatever_the_caller_said() {
+        let p = Path::new("/var/cache/gpu-driver/x.partial");
+        for errno in [28 /* ENOSPC */, 122 /* EDQUOT */] {
+            let e = Error::io(
+                Reason::Internal,
+                "writing",
+                p,
+                std::io::Error::from_raw_os_error(errno),
+            );
+            assert_eq!(e.reason, Reason::InsufficientDisk, "{e}");
+            assert!(
+                e.message
+                    .starts_with("writing /var/cache/gpu-driver/x.partial: ")
+            );
+            assert!(e.message.contains("free space on the filesystem of"));
+        }
+        let e = Error::io(
+            Reason::Internal,
+            "opening",
+            p,
+            std::io::Error::from_raw_os_error(13 /* EACCES */),
+        );
+        assert_eq!(e.reason, Reason::Internal);
     }
 }

@@ -24,7 +24,8 @@ use crate::runfile;
 
 /// Failures of the local filesystem (opening the package, creating the
 /// target, writing files) are not the package's fault; the closed reason
-/// list has nothing closer than Internal for them.
+/// list has nothing closer than Internal for them (a full disk becomes
+/// InsufficientDisk in `Error::io`).
 const LOCAL_IO: Reason = Reason::Internal;
 
 /// Symlinks followed while checking where a link leads, as Linux's limit.

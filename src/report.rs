@@ -78,7 +78,8 @@ pub enum Reason {
     /// The compiler differs from the one the kernel was built with
     /// (`CONFIG_CC_VERSION_TEXT`).
     CompilerMismatch,
-    /// Not enough free disk space for the build.
+    /// Not enough free disk space for the build, or a write that found the
+    /// disk or quota full.
     InsufficientDisk,
     /// `/proc` is not mounted in the build environment (NVIDIA's conftest
     /// silently misbehaves without it).
