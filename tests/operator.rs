@@ -3,7 +3,7 @@
 //! are accepted, GPU nodes get pinned Jobs whose pods end with the
 //! installer's own result documents as termination messages, and the nodes
 //! get annotated; a failure leaves an Event and no ready label; a reboot
-//! (new bootID) reinstalls. The operator runs in-process with a real kube
+//! (new bootID) and an OS upgrade (new osImage and kernel) reinstall. The operator runs in-process with a real kube
 //! client, authenticated as its own ServiceAccount (deploy/rbac.yaml). Fails (does not skip) under CI=true without the binaries.
 
 mod support;
@@ -444,6 +444,39 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     assert_eq!(node["metadata"]["labels"][keys::READY_LABEL], "true");
     assert_ne!(node["metadata"]["annotations"][keys::JOB], first_job);
     assert_eq!(writes("jobs"), 4);
+
+    // An OS upgrade (new Garden Linux version and kernel, after its reboot):
+    // a new Job in the new version's builder image, annotated for the new
+    // kernel.
+    c.kubectl(&[
+        "patch",
+        "node",
+        "ok-2",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"nodeInfo":{"bootID":"boot-3","osImage":"Garden Linux 1592.5","kernelVersion":"6.6.64-cloud-amd64"}}}"#,
+    ]);
+    c.wait_for(
+        &["node", "ok-2"],
+        &format!(
+            "{{.metadata.annotations.{}}}",
+            keys::KERNEL.replace('.', "\\.")
+        ),
+        "6.6.64-cloud-amd64",
+        WAIT,
+    );
+    let node = get_json(&c, &["node", "ok-2"]);
+    let a = &node["metadata"]["annotations"];
+    assert_eq!(a[keys::OS_IMAGE], "Garden Linux 1592.5", "{a}");
+    assert_eq!(a[keys::BOOT_ID], "boot-3");
+    assert_eq!(node["metadata"]["labels"][keys::READY_LABEL], "true");
+    let job = get_json(&c, &["job", a[keys::JOB].as_str().unwrap(), "-n", NS]);
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["image"],
+        "kmodbuild:1592.5"
+    );
+    assert_eq!(writes("jobs"), 5);
     drop(op);
 }
 
