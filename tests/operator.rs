@@ -477,6 +477,78 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
         "kmodbuild:1592.5"
     );
     assert_eq!(writes("jobs"), 5);
+
+    // Exponential backoff: a node whose installs keep failing gets a new Job
+    // after 2 s, then 4 s, then 8 s (retryBaseSeconds 2, doubling), and
+    // never the ready label.
+    let mut retry: Value = serde_json::from_str(&gpudriver(
+        "retry",
+        "retry",
+        json!({ TERMINATION_MESSAGE: run_result(Reason::BuildFailed, "make exit status 2"), EXIT_CODE: "13" }),
+    ))
+    .unwrap();
+    retry["spec"]["job"] = json!({"retryBaseSeconds": 2, "retryMaxSeconds": 60});
+    c.apply(&retry.to_string());
+    c.apply(&self::node("retry-1", "retry", true, false));
+    c.wait_for(
+        &["node", "retry-1"],
+        &format!(
+            "{{.metadata.annotations.{}}}",
+            keys::FAILURES.replace('.', "\\.")
+        ),
+        "3",
+        WAIT,
+    );
+    let failing = get_json(&c, &["node", "retry-1"]);
+    assert!(failing["metadata"]["labels"][keys::READY_LABEL].is_null());
+    assert_eq!(
+        failing["metadata"]["annotations"][keys::FAILURE_REASON],
+        "BuildFailed"
+    );
+    let jobs = get_json(&c, &["jobs", "-n", NS]);
+    let mut created: Vec<i64> = jobs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["spec"]["template"]["spec"]["nodeName"] == "retry-1")
+        .map(|j| {
+            j["metadata"]["creationTimestamp"]
+                .as_str()
+                .unwrap()
+                .parse::<k8s_openapi::jiff::Timestamp>()
+                .unwrap()
+                .as_second()
+        })
+        .collect();
+    created.sort();
+    assert!(created.len() >= 3, "{created:?}");
+    // The waits were kept: each gap is the backoff plus the Job's run, so
+    // in whole seconds at least 2 and then 4.
+    assert!(created[1] - created[0] >= 2, "{created:?}");
+    assert!(created[2] - created[1] >= 4, "{created:?}");
+    // The failures' Event: the first says how long the next wait is; kube's
+    // event recorder folds the repeats into its series count.
+    let events = get_json(
+        &c,
+        &[
+            "events.events.k8s.io",
+            "-A",
+            "--field-selector",
+            "regarding.name=retry-1,reason=InstallFailed",
+        ],
+    );
+    let items = events["items"].as_array().unwrap();
+    assert!(
+        items.iter().any(|e| e["note"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("(attempt 1, next in 2s)"))),
+        "{events}"
+    );
+    let count: u64 = items
+        .iter()
+        .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
+        .sum();
+    assert!(count >= 3, "{events}");
     drop(op);
 }
 
