@@ -88,6 +88,32 @@ fn node(name: &str, pool: &str, gpu: bool, taint: bool) -> String {
     n.to_string()
 }
 
+/// Waits until node `node` has annotation `key` = `want`.
+fn wait_annotation(c: &Cluster, node: &str, key: &str, want: &str) {
+    let path = format!("{{.metadata.annotations.{}}}", key.replace('.', "\\."));
+    c.wait_for(&["node", node], &path, want, WAIT);
+}
+
+/// Waits until node `node` has label `key` = `want`.
+fn wait_label(c: &Cluster, node: &str, key: &str, want: &str) {
+    let path = format!("{{.metadata.labels.{}}}", key.replace('.', "\\."));
+    c.wait_for(&["node", node], &path, want, WAIT);
+}
+
+/// What a kubelet reports after a reboot or upgrade: a merge patch of
+/// the node's status.
+fn patch_node_info(c: &Cluster, node: &str, status_patch: &str) {
+    c.kubectl(&[
+        "patch",
+        "node",
+        node,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        status_patch,
+    ]);
+}
+
 fn get_json(c: &Cluster, args: &[&str]) -> Value {
     let mut full = vec!["get"];
     full.extend_from_slice(args);
@@ -291,15 +317,7 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     let op = Running::start(&c);
 
     for n in ["ok-1", "ok-2"] {
-        c.wait_for(
-            &["node", n],
-            &format!(
-                "{{.metadata.labels.{}}}",
-                keys::READY_LABEL.replace('.', "\\.")
-            ),
-            "true",
-            WAIT,
-        );
+        wait_label(&c, n, keys::READY_LABEL, "true");
         let node = get_json(&c, &["node", n]);
         let a = &node["metadata"]["annotations"];
         assert_eq!(a[keys::STATE], "Installed", "{a}");
@@ -348,15 +366,7 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     );
 
     // Failure: an Event, the failure on the node, never the ready label.
-    c.wait_for(
-        &["node", "bad-1"],
-        &format!(
-            "{{.metadata.annotations.{}}}",
-            keys::STATE.replace('.', "\\.")
-        ),
-        "Failed",
-        WAIT,
-    );
+    wait_annotation(&c, "bad-1", keys::STATE, "Failed");
     let bad_node = get_json(&c, &["node", "bad-1"]);
     let a = &bad_node["metadata"]["annotations"];
     assert_eq!(a[keys::FAILURE_REASON], "KernelApiMismatch", "{a}");
@@ -422,24 +432,8 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     // A reboot: new bootID, the modules are gone: ready label off, a new
     // Job, and the node annotated for the new boot.
     let first_job = get_json(&c, &["node", "ok-2"])["metadata"]["annotations"][keys::JOB].clone();
-    c.kubectl(&[
-        "patch",
-        "node",
-        "ok-2",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"nodeInfo":{"bootID":"boot-2"}}}"#,
-    ]);
-    c.wait_for(
-        &["node", "ok-2"],
-        &format!(
-            "{{.metadata.annotations.{}}}",
-            keys::BOOT_ID.replace('.', "\\.")
-        ),
-        "boot-2",
-        WAIT,
-    );
+    patch_node_info(&c, "ok-2", r#"{"status":{"nodeInfo":{"bootID":"boot-2"}}}"#);
+    wait_annotation(&c, "ok-2", keys::BOOT_ID, "boot-2");
     let node = get_json(&c, &["node", "ok-2"]);
     assert_eq!(node["metadata"]["labels"][keys::READY_LABEL], "true");
     assert_ne!(node["metadata"]["annotations"][keys::JOB], first_job);
@@ -448,24 +442,12 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     // An OS upgrade (new Garden Linux version and kernel, after its reboot):
     // a new Job in the new version's builder image, annotated for the new
     // kernel.
-    c.kubectl(&[
-        "patch",
-        "node",
+    patch_node_info(
+        &c,
         "ok-2",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
         r#"{"status":{"nodeInfo":{"bootID":"boot-3","osImage":"Garden Linux 1592.5","kernelVersion":"6.6.64-cloud-amd64"}}}"#,
-    ]);
-    c.wait_for(
-        &["node", "ok-2"],
-        &format!(
-            "{{.metadata.annotations.{}}}",
-            keys::KERNEL.replace('.', "\\.")
-        ),
-        "6.6.64-cloud-amd64",
-        WAIT,
     );
+    wait_annotation(&c, "ok-2", keys::KERNEL, "6.6.64-cloud-amd64");
     let node = get_json(&c, &["node", "ok-2"]);
     let a = &node["metadata"]["annotations"];
     assert_eq!(a[keys::OS_IMAGE], "Garden Linux 1592.5", "{a}");
@@ -490,15 +472,7 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     retry["spec"]["job"] = json!({"retryBaseSeconds": 2, "retryMaxSeconds": 60});
     c.apply(&retry.to_string());
     c.apply(&self::node("retry-1", "retry", true, false));
-    c.wait_for(
-        &["node", "retry-1"],
-        &format!(
-            "{{.metadata.annotations.{}}}",
-            keys::FAILURES.replace('.', "\\.")
-        ),
-        "3",
-        WAIT,
-    );
+    wait_annotation(&c, "retry-1", keys::FAILURES, "3");
     let failing = get_json(&c, &["node", "retry-1"]);
     assert!(failing["metadata"]["labels"][keys::READY_LABEL].is_null());
     assert_eq!(
