@@ -12,20 +12,23 @@ pub mod detect;
 pub mod error;
 pub mod extract;
 pub mod failpoint;
+pub mod files;
 pub mod headers;
 pub mod host;
 pub mod load;
 pub mod modinfo;
 #[cfg(feature = "operator")]
 pub mod operator;
+pub mod process;
 pub mod report;
 pub mod resolve;
 pub mod run;
 mod runfile;
 pub mod schema;
+pub mod text;
 pub mod userspace;
 pub mod verify;
 
+pub use error::Reason;
 pub use error::{Error, Result};
-pub use report::Reason;
 pub mod fetch;

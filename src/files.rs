@@ -1,0 +1,185 @@
+//! Local file primitives every module shares: publishing a file atomically
+//! (temp file, fsync, rename), hashing a file, and exclusive locks. Writes
+//! under the host root go through `hostfs` instead, which confines
+//! path resolution to the root.
+
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Reason, Result};
+
+/// Reads and hashes in chunks of this size.
+const CHUNK: usize = 1 << 20;
+
+/// Writes `bytes` to `path` through a temporary file in the same directory
+/// (created with O_EXCL by tempfile), fsyncs it, gives it `mode` and renames
+/// it over `path`, then syncs the directory: a reader sees the old file or
+/// the new one, never half of one. The directory is created if missing.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32, reason: Reason) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(reason, "creating", dir, e))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".gpu-driver-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(reason, "creating a temporary file in", dir, e))?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .and_then(|()| std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode)))
+        .map_err(|e| Error::io(reason, "writing", tmp.path(), e))?;
+    tmp.persist(path)
+        .map_err(|e| Error::io(reason, "renaming into place", path, e.error))?;
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Makes a rename or creation in `dir` durable. Best effort: a directory
+/// that cannot be opened or synced only loses durability, not data.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// The sha256 (lowercase hex) and size of a file, streamed.
+pub fn sha256_file(path: &Path, reason: Reason) -> Result<(String, u64)> {
+    let mut f = File::open(path).map_err(|e| Error::io(reason, "opening", path, e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(reason, "reading", path, e)),
+        };
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((hex::encode(hasher.finalize()), size))
+}
+
+/// The sha256 (lowercase hex) of bytes in memory.
+pub fn sha256_bytes(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Deletes a file; one that is already gone is fine.
+pub fn remove_file_if_present(path: &Path, reason: Reason) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(reason, "deleting", path, e)),
+    }
+}
+
+/// An exclusive flock on `file`, held until dropped. When another process
+/// holds it, says so on stderr (naming `path`) and waits.
+pub fn lock_file(file: File, path: &Path, reason: Reason) -> Result<Flock<File>> {
+    let locked = |r: std::result::Result<Flock<File>, (File, Errno)>| {
+        r.map_err(|(_, errno)| Error::new(reason, format!("locking {}: {errno}", path.display())))
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(lock),
+        Err((file, Errno::EWOULDBLOCK)) => {
+            tracing::info!("another process holds {}; waiting for it", path.display());
+            locked(Flock::lock(file, FlockArg::LockExclusive))
+        }
+        Err(e) => locked(Err(e)),
+    }
+}
+
+/// Opens (creating it if needed, never truncating) and locks `path`.
+pub fn lock(path: &Path, reason: Reason) -> Result<Flock<File>> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(reason, "opening lock", path, e))?;
+    lock_file(file, path, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_atomic_replaces_and_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub/result.json");
+        write_atomic(&p, b"one", 0o600, Reason::Internal).unwrap();
+        write_atomic(&p, b"two", 0o644, Reason::Internal).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("result.json")]);
+    }
+
+    #[test]
+    fn write_atomic_into_a_missing_parent_that_cannot_be_made_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("file"), b"x").unwrap();
+        let e = write_atomic(
+            &dir.path().join("file/x"),
+            b"y",
+            0o644,
+            Reason::InvalidArgument,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, Reason::InvalidArgument);
+        assert!(e.message.contains("/file"), "{e}");
+    }
+
+    #[test]
+    fn hashes_files_and_bytes_alike() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"abc").unwrap();
+        let (sum, size) = sha256_file(&p, Reason::Internal).unwrap();
+        assert_eq!(size, 3);
+        assert_eq!(
+            sum,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(sha256_bytes(b"abc"), sum);
+        let e = sha256_file(&dir.path().join("missing"), Reason::ArtifactInvalid).unwrap_err();
+        assert_eq!(e.reason, Reason::ArtifactInvalid);
+        assert!(e.message.starts_with("opening "), "{e}");
+    }
+
+    #[test]
+    fn a_second_lock_waits_for_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l");
+        let first = lock(&p, Reason::Internal).unwrap();
+        let p2 = p.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let _second = lock(&p2, Reason::Internal).unwrap();
+            tx.send(()).unwrap();
+        });
+        // The second holder cannot have the lock while the first is held.
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err()
+        );
+        drop(first);
+        rx.recv().unwrap();
+        t.join().unwrap();
+    }
+}
