@@ -15,6 +15,7 @@ pub mod failpoint;
 pub mod files;
 pub mod headers;
 pub mod host;
+pub mod hostfs;
 pub mod load;
 pub mod modinfo;
 #[cfg(feature = "operator")]
