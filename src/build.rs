@@ -274,7 +274,21 @@ pub fn build_failed(spec: BuildSpec, outcome: Outcome) -> BuildResult {
 }
 
 /// The whole `build` step, as a result document.
+/// An empty `kernel_release` means the host's running kernel; the cache
+/// configuration is checked first (a bad one is the caller's mistake).
 pub fn build(opts: &BuildOptions) -> BuildResult {
+    if let Some(Err(e)) = opts.cache.as_ref().map(crate::cache::CacheConfig::check) {
+        return build_failed(opts.spec(), Outcome::from_error(&e));
+    }
+    if opts.kernel_release.is_empty() {
+        return match crate::host::read_kernel_release(&opts.root) {
+            Ok(r) => build(&BuildOptions {
+                kernel_release: r,
+                ..opts.clone()
+            }),
+            Err(e) => build_failed(opts.spec(), Outcome::from_error(&e)),
+        };
+    }
     let mut status = BuildStatus::new(Outcome::new(Reason::Internal, "build did not finish"));
     let mut session = opts.cache.as_ref().map(crate::cache::Session::start);
     status.outcome = match run(opts, &mut status, session.as_mut()) {

@@ -1038,6 +1038,57 @@ pub fn restore_package(
     Ok(Some(bytes.len() as u64))
 }
 
+/// `fetch` with the cache's store as a private package mirror: a package the
+/// store holds (`<cache-url>/packages/<file>`) is placed into the local
+/// package cache if its sha256 is the trusted one, and a package downloaded
+/// from elsewhere is stored there for the other nodes. The store never
+/// supplies a checksum, and its failures are only warnings.
+pub fn fetch_with_mirror(
+    cache: &CacheConfig,
+    req: &crate::fetch::PackageRequest,
+    opts: crate::fetch::FetchOptions,
+) -> crate::fetch::FetchResult {
+    let file = crate::fetch::file_name_of(&req.url);
+    let sha = match &req.sha256 {
+        Some((s, _)) => Some(s.to_ascii_lowercase()),
+        None if !opts.offline => crate::fetch::find_checksum(req, &opts).ok().map(|(s, _)| s),
+        None => None,
+    };
+    let mut restored = None;
+    if let Some(sha) = sha.filter(|s| crate::fetch::is_sha256_hex(s)) {
+        let dest = opts.cache_dir.join(&sha);
+        if !dest.exists() {
+            match restore_package(cache, &file, &sha, &dest) {
+                Ok(Some(n)) => {
+                    tracing::info!("{file}: {n} bytes from the cache store {}", cache.url);
+                    restored = Some(n);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{file}: cache store not used as a mirror: {e}"),
+            }
+        }
+    }
+    let mut doc = crate::fetch::fetch_package(req, opts);
+    if doc.status.outcome.reason != Reason::Fetched {
+        return doc;
+    }
+    if let Some(n) = restored {
+        doc.status.outcome.message = format!(
+            "{file} came from the cache store {}/{} ({n} bytes) and was verified against the trusted sha256 at {}",
+            cache.url.trim_end_matches('/'),
+            package_object(&file),
+            doc.status.path.as_deref().unwrap_or("?")
+        );
+    } else if let Some(path) = &doc.status.path {
+        match store_package(cache, &file, Path::new(path)) {
+            Ok(true) => tracing::info!("{file}: stored in the cache store {}", cache.url),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("{file}: not stored in the cache store: {e}"),
+        }
+    }
+    doc
+}
+
 /// Stores a verified package as `packages/<file>` unless it is there
 /// already. Returns whether it was written.
 pub fn store_package(cfg: &CacheConfig, file: &str, path: &Path) -> Result<bool> {
