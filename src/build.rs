@@ -16,17 +16,20 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
+use crate::artifact::{
+    self, MANIFEST_VERSION, Manifest, ManifestFile, ManifestLink, ManifestModule, ManifestUserFile,
+    PackFile,
+};
 use crate::error::{Error, Result};
+use crate::headers::{KernelHeaders, inspect_headers, locate_headers};
 use crate::host::{HostRoot, ModuleFlavor};
 use crate::modinfo;
 use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
@@ -271,7 +274,21 @@ pub fn build_failed(spec: BuildSpec, outcome: Outcome) -> BuildResult {
 }
 
 /// The whole `build` step, as a result document.
+/// An empty `kernel_release` means the host's running kernel; the cache
+/// configuration is checked first (a bad one is the caller's mistake).
 pub fn build(opts: &BuildOptions) -> BuildResult {
+    if let Some(Err(e)) = opts.cache.as_ref().map(crate::cache::CacheConfig::check) {
+        return build_failed(opts.spec(), Outcome::from_error(&e));
+    }
+    if opts.kernel_release.is_empty() {
+        return match crate::host::read_kernel_release(&opts.root) {
+            Ok(r) => build(&BuildOptions {
+                kernel_release: r,
+                ..opts.clone()
+            }),
+            Err(e) => build_failed(opts.spec(), Outcome::from_error(&e)),
+        };
+    }
     let mut status = BuildStatus::new(Outcome::new(Reason::Internal, "build did not finish"));
     let mut session = opts.cache.as_ref().map(crate::cache::Session::start);
     status.outcome = match run(opts, &mut status, session.as_mut()) {
@@ -308,8 +325,43 @@ fn run(
     status: &mut BuildStatus,
     mut cache: Option<&mut crate::cache::Session>,
 ) -> Result<String> {
-    let release = opts.kernel_release.as_str();
-    check_release_name(release)?;
+    check_arguments(opts)?;
+    let pre = preflight(opts, status)?;
+    // With the driver version known up front (`run` knows it from the
+    // plan), a cache hit skips extraction and compile alike.
+    if let (Some(session), Some(dv)) = (cache.as_deref_mut(), &opts.driver_version) {
+        if let Some(msg) = restore_from_cache(session, opts, dv, &pre.compiler, status) {
+            return Ok(msg);
+        }
+    }
+    check_disk(&pre.work, MIN_FREE_DISK_BYTES)?;
+    let src = extract_source(opts, &pre.work, status)?;
+    if let Some(session) = cache.as_deref_mut() {
+        if !session.looked_up() {
+            let dv = src.driver_version.as_str();
+            if let Some(msg) = restore_from_cache(session, opts, dv, &pre.compiler, status) {
+                return Ok(msg);
+            }
+        }
+    }
+    compile(opts, &pre, &src, status)?;
+    let (artifact, sha256, manifest) = package(opts, &pre, &src, status)?;
+    if let Some(session) = cache {
+        session.publish(&artifact, &sha256, &manifest);
+    }
+    drop(src.cleanup);
+    Ok(format!(
+        "built {} modules of NVIDIA {} ({}) for kernel {} into {}",
+        status.modules.len(),
+        src.driver_version,
+        opts.flavor,
+        opts.kernel_release,
+        artifact.display()
+    ))
+}
+
+fn check_arguments(opts: &BuildOptions) -> Result<()> {
+    check_release_name(&opts.kernel_release)?;
     if let Some(v) = &opts.driver_version {
         if !crate::host::is_driver_version(v) {
             return Err(Error::new(
@@ -324,9 +376,21 @@ fn run(
             format!("--source {} does not exist", opts.source.display()),
         ));
     }
+    Ok(())
+}
 
-    // ---- preflight: cheap checks first, so that a doomed build fails in
-    // milliseconds rather than after minutes of extraction.
+/// What preflight established: the headers, the compiler, the work dir.
+struct Preflight {
+    headers: KernelHeaders,
+    cc: String,
+    compiler: CompilerUsed,
+    work: PathBuf,
+}
+
+/// Cheap checks first, so that a doomed build fails in milliseconds rather
+/// than after minutes of extraction.
+fn preflight(opts: &BuildOptions, status: &mut BuildStatus) -> Result<Preflight> {
+    let release = opts.kernel_release.as_str();
     check_proc(Path::new("/proc"))?;
     let arch_dir = locate_headers(opts.headers.as_deref(), &opts.root, release)?;
     let headers = inspect_headers(&arch_dir, &opts.root, release)?;
@@ -343,17 +407,25 @@ fn run(
     fs::create_dir_all(&work).map_err(|e| Error::io(LOCAL_IO, "creating", &work, e))?;
     fs::create_dir_all(&opts.out_dir)
         .map_err(|e| Error::io(LOCAL_IO, "creating", &opts.out_dir, e))?;
+    Ok(Preflight {
+        headers,
+        cc,
+        compiler,
+        work,
+    })
+}
 
-    // ---- cache: with the driver version known up front (`run` knows it
-    // from the plan), a hit skips extraction and compile alike.
-    if let (Some(session), Some(dv)) = (cache.as_deref_mut(), &opts.driver_version) {
-        if let Some(msg) = restore_from_cache(session, opts, dv, &compiler, status) {
-            return Ok(msg);
-        }
-    }
-    check_disk(&work, MIN_FREE_DISK_BYTES)?;
+/// The unpacked package: its module tree, version, firmware and user space.
+struct Source {
+    tree: PathBuf,
+    driver_version: String,
+    firmware: Vec<PathBuf>,
+    user_space: Option<(PathBuf, Vec<crate::userspace::Placement>)>,
+    staging: PathBuf,
+    cleanup: Cleanup,
+}
 
-    // ---- extract
+fn extract_source(opts: &BuildOptions, work: &Path, status: &mut BuildStatus) -> Result<Source> {
     let t = Instant::now();
     let extracted = work.join("source");
     let staging = work.join("staging");
@@ -373,67 +445,98 @@ fn run(
     let firmware = find_firmware(&extracted)?;
     let user_space = crate::userspace::collect(&extracted)?;
     status.timings.extract_seconds = Some(seconds(t.elapsed()));
-    if let Some(session) = cache.as_deref_mut() {
-        if !session.looked_up() {
-            if let Some(msg) = restore_from_cache(session, opts, &driver_version, &compiler, status)
-            {
-                return Ok(msg);
-            }
-        }
-    }
+    Ok(Source {
+        tree,
+        driver_version,
+        firmware,
+        user_space,
+        staging,
+        cleanup,
+    })
+}
 
-    // ---- compile
+/// NVIDIA's Makefile, its output streamed to the log; a failure is
+/// classified from the compiler's errors.
+fn compile(
+    opts: &BuildOptions,
+    pre: &Preflight,
+    src: &Source,
+    status: &mut BuildStatus,
+) -> Result<()> {
+    let release = opts.kernel_release.as_str();
     let t = Instant::now();
-    let log = work.join("build.log");
+    let log = pre.work.join("build.log");
     status.log = Some(log.display().to_string());
-    let args = make_args(&tree, opts.jobs, release, &headers, &cc);
-    let exit = run_logged("make", &args, &log)?;
+    let args = make_args(&src.tree, opts.jobs, release, &pre.headers, &pre.cc);
+    let exit = crate::process::run_logged("make", &args, &log, Reason::CompilerMissing)?;
     status.timings.compile_seconds = Some(seconds(t.elapsed()));
-    if !exit.success() {
-        let text = read_log(&log)?;
-        let failure = classify_log(&text, &tree);
-        status.log_excerpt = Some(failure.excerpt.clone());
-        return Err(Error::new(
-            failure.reason,
-            failure_message(&failure, &exit, &driver_version, opts.flavor, release, &log),
-        ));
+    if exit.success() {
+        return Ok(());
     }
+    let text = read_log(&log)?;
+    let failure = classify_log(&text, &src.tree);
+    status.log_excerpt = Some(failure.excerpt.clone());
+    Err(Error::new(
+        failure.reason,
+        failure_message(
+            &failure,
+            &exit,
+            &src.driver_version,
+            opts.flavor,
+            release,
+            &log,
+        ),
+    ))
+}
 
-    // ---- package
+/// The stripped modules, GSP firmware and user space with their manifest,
+/// into one artifact (see [`crate::artifact`]).
+fn package(
+    opts: &BuildOptions,
+    pre: &Preflight,
+    src: &Source,
+    status: &mut BuildStatus,
+) -> Result<(PathBuf, String, Manifest)> {
+    let release = opts.kernel_release.as_str();
     let t = Instant::now();
-    let built = collect_modules(&tree)?;
-    fs::create_dir_all(staging.join("modules"))
-        .map_err(|e| Error::io(LOCAL_IO, "creating", &staging, e))?;
+    let built = collect_modules(&src.tree)?;
+    let module_dir = src.staging.join("modules");
+    fs::create_dir_all(&module_dir).map_err(|e| Error::io(LOCAL_IO, "creating", &module_dir, e))?;
     let mut modules = Vec::new();
     for ko in &built {
-        modules.push(stage_module(ko, &staging.join("modules"), release)?);
+        modules.push(stage_module(ko, &module_dir, release)?);
     }
-    let artifact = opts
-        .out_dir
-        .join(artifact_name(&driver_version, opts.flavor, release));
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         schema_version: MANIFEST_VERSION,
         generator: format!("gpu-driver-installer {}", env!("CARGO_PKG_VERSION")),
-        driver_version: driver_version.clone(),
+        driver_version: src.driver_version.clone(),
         flavor: opts.flavor,
         kernel_release: release.to_string(),
-        compiler: compiler.version.clone(),
-        kernel_compiler: compiler.kernel_version_text.clone(),
-        built_at: rfc3339_utc(SystemTime::now()),
+        compiler: pre.compiler.version.clone(),
+        kernel_compiler: pre.compiler.kernel_version_text.clone(),
+        built_at: crate::text::rfc3339_utc(SystemTime::now()),
         modules: modules.iter().map(|s| s.manifest.clone()).collect(),
         firmware: Vec::new(),
         firmware_note: None,
         user_space: Vec::new(),
         links: Vec::new(),
     };
-    let (artifact_sha256, manifest) = write_artifact(
-        &artifact,
-        manifest,
-        &modules,
-        &firmware,
-        user_space.as_ref(),
-        &staging,
-    )?;
+    let mut files: Vec<PackFile> = modules
+        .iter()
+        .map(|m| PackFile {
+            name: m.module.file.clone(),
+            path: m.path.clone(),
+            mode: 0o644,
+        })
+        .collect();
+    files.extend(add_firmware(&mut manifest, &src.firmware)?);
+    files.extend(add_user_space(&mut manifest, src.user_space.as_ref())?);
+    let artifact = opts.out_dir.join(artifact::file_name(
+        &src.driver_version,
+        opts.flavor,
+        release,
+    ));
+    let sha256 = artifact::pack(&artifact, &manifest, &files)?;
     status.timings.package_seconds = Some(seconds(t.elapsed()));
     status.firmware = manifest.firmware.iter().map(|f| f.file.clone()).collect();
     status.user_space = manifest
@@ -444,22 +547,75 @@ fn run(
         .collect();
     status.modules = modules.into_iter().map(|s| s.module).collect();
     status.artifact = Some(artifact.display().to_string());
-    if let Some(session) = cache {
-        session.publish(&artifact, &artifact_sha256, &manifest);
-    }
-    status.artifact_sha256 = Some(artifact_sha256);
-    drop(cleanup);
-    Ok(format!(
-        "built {} modules of NVIDIA {driver_version} ({}) for kernel {release} into {}",
-        status.modules.len(),
-        opts.flavor,
-        artifact.display()
-    ))
+    status.artifact_sha256 = Some(sha256.clone());
+    Ok((artifact, sha256, manifest))
 }
 
-/// The name of the artifact of a build.
-fn artifact_name(driver_version: &str, flavor: ModuleFlavor, release: &str) -> String {
-    format!("nvidia-{driver_version}-{flavor}-{release}.tar.zst")
+/// Lists the GSP firmware in the manifest (or why there is none).
+fn add_firmware(manifest: &mut Manifest, firmware: &[PathBuf]) -> Result<Vec<PackFile>> {
+    let mut files = Vec::new();
+    for fw in firmware {
+        let (sha256, size_bytes) = crate::files::sha256_file(fw, LOCAL_IO)?;
+        let name = fw
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let file = format!("firmware/{name}");
+        manifest.firmware.push(ManifestFile {
+            file: file.clone(),
+            size_bytes,
+            sha256,
+        });
+        files.push(PackFile {
+            name: file,
+            path: fw.clone(),
+            mode: 0o644,
+        });
+    }
+    if firmware.is_empty() {
+        manifest.firmware_note = Some(
+            "the source carries no GSP firmware (Debian's module-source packages ship it in firmware-nvidia-gsp); install it separately"
+                .into(),
+        );
+    }
+    Ok(files)
+}
+
+/// Lists NVIDIA's user space (files and links) in the manifest.
+fn add_user_space(
+    manifest: &mut Manifest,
+    user_space: Option<&(PathBuf, Vec<crate::userspace::Placement>)>,
+) -> Result<Vec<PackFile>> {
+    let mut files = Vec::new();
+    let Some((base, placements)) = user_space else {
+        return Ok(files);
+    };
+    for p in placements {
+        match p {
+            crate::userspace::Placement::File { src, dest, mode } => {
+                let path = base.join(src);
+                let (sha256, size_bytes) = crate::files::sha256_file(&path, LOCAL_IO)?;
+                manifest.user_space.push(ManifestUserFile {
+                    file: dest.clone(),
+                    size_bytes,
+                    sha256,
+                    mode: *mode,
+                });
+                files.push(PackFile {
+                    name: dest.clone(),
+                    path,
+                    mode: *mode,
+                });
+            }
+            crate::userspace::Placement::Link { dest, target } => {
+                manifest.links.push(ManifestLink {
+                    file: dest.clone(),
+                    target: target.clone(),
+                })
+            }
+        }
+    }
+    Ok(files)
 }
 
 /// Looks the build up in the cache; on a hit the verified artifact is in
@@ -475,7 +631,7 @@ fn restore_from_cache(
     let key = crate::cache::CacheKey::new(release, driver_version, opts.flavor, &compiler.version);
     let artifact = opts
         .out_dir
-        .join(artifact_name(driver_version, opts.flavor, release));
+        .join(artifact::file_name(driver_version, opts.flavor, release));
     let entry = session.lookup(key, &artifact)?;
     status.driver_version = Some(driver_version.to_string());
     status.artifact = Some(artifact.display().to_string());
@@ -577,227 +733,12 @@ pub fn check_proc(proc_dir: &Path) -> Result<()> {
     .with_hint("mount it (mount -t proc proc /proc; for a chroot: mount -t proc proc <root>/proc) and run again"))
 }
 
-/// The headers directory for `release`: `--headers` when given, else the
-/// installed headers under the host root (`/usr/src/linux-headers-<rel>`,
-/// `/lib/modules/<rel>/build`).
-pub fn locate_headers(given: Option<&Path>, root: &HostRoot, release: &str) -> Result<PathBuf> {
-    let hint = format!(
-        "install linux-headers-{release} (apt-get install linux-headers-{release}) or pass --headers DIR"
-    );
-    if let Some(dir) = given {
-        return if dir.is_dir() {
-            Ok(dir.to_path_buf())
-        } else {
-            Err(Error::new(
-                Reason::KernelHeadersNotFound,
-                format!("--headers {} is not a directory", dir.display()),
-            )
-            .with_hint(hint))
-        };
-    }
-    crate::resolve::installed_headers(root, release).ok_or_else(|| {
-        Error::new(
-            Reason::KernelHeadersNotFound,
-            format!(
-                "no kernel headers for {release} under {}: neither /usr/src/linux-headers-{release} nor /lib/modules/{release}/build holds a Makefile",
-                root.path().display()
-            ),
-        )
-        .with_hint(hint)
-    })
-}
-
-/// What the build needs to know about the headers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelHeaders {
-    pub arch_dir: PathBuf,
-    pub common_dir: PathBuf,
-    pub release: String,
-    pub cc_version_text: Option<String>,
-}
-
-/// Checks that `arch_dir` holds complete headers for `release` and finds the
-/// common tree they build on.
-pub fn inspect_headers(arch_dir: &Path, root: &HostRoot, release: &str) -> Result<KernelHeaders> {
-    let incomplete = |what: String| {
-        Error::new(
-            Reason::KernelHeadersMismatch,
-            format!(
-                "kernel headers at {} are incomplete: {what}",
-                arch_dir.display()
-            ),
-        )
-        .with_hint(format!(
-            "reinstall linux-headers-{release} or pass --headers with a complete tree"
-        ))
-    };
-    if !arch_dir.join("Makefile").is_file() {
-        return Err(incomplete("no Makefile".into()));
-    }
-    let found = headers_release(arch_dir)?.ok_or_else(|| {
-        incomplete("neither include/generated/utsrelease.h nor include/config/kernel.release names a release".into())
-    })?;
-    if found != release {
-        return Err(Error::new(
-            Reason::KernelHeadersMismatch,
-            format!(
-                "kernel headers at {} are for {found}, not for {release}",
-                arch_dir.display()
-            ),
-        )
-        .with_hint(format!(
-            "install linux-headers-{release} or pass --headers with the headers of {release}"
-        )));
-    }
-    let common_dir = find_common_dir(arch_dir, root, release).ok_or_else(|| {
-        incomplete(
-            "the common part they build on (include/linux) was not found: not where the Makefile includes it from, not at its source link, not in the same directory".into(),
-        )
-    })?;
-    Ok(KernelHeaders {
-        arch_dir: arch_dir.to_path_buf(),
-        common_dir,
-        release: found,
-        cc_version_text: read_cc_version_text(arch_dir)?,
-    })
-}
-
-/// The release the headers were made for. `UTS_RELEASE` is what ends up in
-/// every module's vermagic, so it decides; `include/config/kernel.release`
-/// only counts when there is no `utsrelease.h`, because Debian bookworm's
-/// holds the upstream version (`6.1.176`) instead of the release.
-fn headers_release(arch_dir: &Path) -> Result<Option<String>> {
-    let uts = arch_dir.join("include/generated/utsrelease.h");
-    if let Some(text) = read_text_optional(&uts)? {
-        if let Some(r) = parse_uts_release(&text) {
-            return Ok(Some(r));
-        }
-    }
-    let rel = arch_dir.join("include/config/kernel.release");
-    Ok(read_text_optional(&rel)?
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty()))
-}
-
-fn read_text_optional(path: &Path) -> Result<Option<String>> {
-    match fs::read(path) {
-        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(Reason::KernelHeadersMismatch, "reading", path, e)),
-    }
-}
-
-/// `#define UTS_RELEASE "6.1.0-50-cloud-amd64"` → the release.
-pub fn parse_uts_release(text: &str) -> Option<String> {
-    text.lines().find_map(|l| {
-        let rest = l.trim().strip_prefix("#define")?.trim_start();
-        let value = rest.strip_prefix("UTS_RELEASE")?.trim();
-        let v = value.strip_prefix('"')?.strip_suffix('"')?;
-        (!v.is_empty()).then(|| v.to_string())
-    })
-}
-
-/// A string option from `include/config/auto.conf` or `.config`:
-/// `KEY=value` or `KEY="value"` (with `\"` and `\\` escapes).
-pub fn parse_kconfig_string(text: &str, key: &str) -> Option<String> {
-    text.lines().find_map(|l| {
-        let value = l.strip_prefix(key)?.strip_prefix('=')?.trim();
-        let v = match value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
-            Some(quoted) => {
-                let mut out = String::new();
-                let mut chars = quoted.chars();
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\\' => out.extend(chars.next()),
-                        c => out.push(c),
-                    }
-                }
-                out
-            }
-            None => value.to_string(),
-        };
-        (!v.is_empty()).then_some(v)
-    })
-}
-
-fn read_cc_version_text(arch_dir: &Path) -> Result<Option<String>> {
-    for f in ["include/config/auto.conf", ".config"] {
-        if let Some(text) = read_text_optional(&arch_dir.join(f))? {
-            if let Some(v) = parse_kconfig_string(&text, "CONFIG_CC_VERSION_TEXT") {
-                return Ok(Some(v));
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// `include /usr/src/linux-headers-6.1.0-50-common/Makefile` (Debian's
-/// one-line arch Makefile) → the included path.
-pub fn parse_makefile_include(text: &str) -> Option<String> {
-    text.lines().find_map(|l| {
-        let rest = l.trim().strip_prefix("include")?;
-        if !rest.starts_with([' ', '\t']) {
-            return None;
-        }
-        let path = rest.trim();
-        (!path.is_empty() && !path.contains("$(")).then(|| path.to_string())
-    })
-}
-
-/// The common tree (`SYSSRC`) of Debian-style split headers: the arch
-/// directory holds the configuration and generated files, the common one
-/// `include/linux` and the Makefile. Tried in order:
-///
-/// 1. the directory the arch Makefile includes, as written, inside the host
-///    root, and as a sibling of the arch directory (an absolute host path
-///    seen from a container that mounts the host elsewhere);
-/// 2. the arch directory's `source` link (kbuild's `O=` trees);
-/// 3. `/lib/modules/<rel>/source` in the host root;
-/// 4. the arch directory itself (a full, unsplit tree).
-pub fn find_common_dir(arch_dir: &Path, root: &HostRoot, release: &str) -> Option<PathBuf> {
-    let is_common = |p: &Path| p.join("Makefile").is_file() && p.join("include/linux").is_dir();
-    let mut candidates = Vec::new();
-    let makefile = fs::read_to_string(arch_dir.join("Makefile")).unwrap_or_default();
-    if let Some(inc) = parse_makefile_include(&makefile) {
-        let inc = PathBuf::from(inc);
-        if let Some(dir) = inc.parent() {
-            if dir.is_absolute() {
-                candidates.push(dir.to_path_buf());
-                candidates.extend(root.resolve(dir));
-            } else {
-                candidates.push(arch_dir.join(dir));
-            }
-            if let (Some(name), Some(parent)) = (dir.file_name(), arch_dir.parent()) {
-                candidates.push(parent.join(name));
-            }
-        }
-    }
-    if let Ok(target) = fs::read_link(arch_dir.join("source")) {
-        if target.is_absolute() {
-            candidates.push(target.clone());
-            candidates.extend(root.resolve(&target));
-        } else {
-            candidates.push(arch_dir.join(target));
-        }
-    }
-    candidates.extend(root.resolve(format!("/lib/modules/{release}/source")));
-    candidates.push(arch_dir.to_path_buf());
-    candidates.into_iter().find(|c| is_common(c))
-}
-
 /// An executable `name` on `path_var` (or `name` itself if it has a `/`).
 pub fn find_in_path(name: &str, path_var: &OsStr) -> Option<PathBuf> {
-    let executable = |p: &Path| {
-        fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if name.contains('/') {
-        let p = PathBuf::from(name);
-        return executable(&p).then_some(p);
-    }
-    std::env::split_paths(path_var)
-        .filter(|d| !d.as_os_str().is_empty())
-        .map(|d| d.join(name))
-        .find(|p| executable(p))
+    // A name with a slash is a path, as a shell would take it; the current
+    // directory only matters for those.
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    which::which_in(name, Some(path_var), cwd).ok()
 }
 
 /// The compiler the build uses: the one named in the kernel's
@@ -853,27 +794,17 @@ pub fn check_tools(cc_version_text: Option<&str>, path_var: &OsStr) -> Result<St
 
 /// Runs `<cc> --version` and returns its first line.
 pub fn run_compiler_version(cc: &str) -> Result<String> {
-    let out = Command::new(cc)
-        .arg("--version")
-        .envs(C_LOCALE.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| {
-            Error::new(
-                Reason::CompilerMissing,
-                format!("running {cc} --version: {e}"),
-            )
-        })?;
+    let mut cmd = Command::new(cc);
+    cmd.arg("--version")
+        .envs(crate::process::C_LOCALE.iter().copied());
+    let out = crate::process::output(&mut cmd, Reason::CompilerMissing)?;
     let text = String::from_utf8_lossy(&out.stdout);
     match (out.status.success(), parse_version_first_line(&text)) {
         (true, Some(v)) => Ok(v),
-        _ => Err(Error::new(
+        _ => Err(crate::process::exit_error(
+            &cmd,
+            &out,
             Reason::CompilerMissing,
-            format!(
-                "{cc} --version failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
         )),
     }
 }
@@ -987,7 +918,7 @@ pub fn check_disk(dir: &Path, needed: u64) -> Result<u64> {
 pub fn driver_version_of(tree: &Path, flag: Option<&str>) -> Result<String> {
     let mut declared = None;
     for f in ["Kbuild", "Makefile"] {
-        if let Some(text) = read_text_optional(&tree.join(f)).ok().flatten() {
+        if let Some(text) = crate::host::read_optional(&tree.join(f)).ok().flatten() {
             declared = parse_nv_version_string(&text);
             if declared.is_some() {
                 break;
@@ -996,7 +927,10 @@ pub fn driver_version_of(tree: &Path, flag: Option<&str>) -> Result<String> {
     }
     if declared.is_none() {
         for dir in tree.ancestors().take(3) {
-            if let Some(text) = read_text_optional(&dir.join("version.mk")).ok().flatten() {
+            if let Some(text) = crate::host::read_optional(&dir.join("version.mk"))
+                .ok()
+                .flatten()
+            {
                 declared = parse_version_mk(&text);
                 if declared.is_some() {
                     break;
@@ -1112,83 +1046,6 @@ pub fn make_args(
     ]
 }
 
-/// The C locale for compilers and make: English messages with ASCII quotes,
-/// which the classifier reads. `LC_ALL` alone is not enough: the kernel's
-/// Makefile unexports it, so gcc would fall back to `LANG` (often
-/// `C.UTF-8`, giving `‘’` quotes).
-const C_LOCALE: &[(&str, &str)] = &[
-    ("LC_ALL", "C"),
-    ("LANG", "C"),
-    ("LC_CTYPE", "C"),
-    ("LC_MESSAGES", "C"),
-];
-
-/// Runs `program args`, its stdout and stderr interleaved (one pipe for
-/// both, as a terminal would show them) into `log` and to tracing at debug
-/// level, in the C locale.
-pub fn run_logged(
-    program: &str,
-    args: &[OsString],
-    log: &Path,
-) -> Result<std::process::ExitStatus> {
-    let mut file = File::create(log).map_err(|e| Error::io(LOCAL_IO, "creating", log, e))?;
-    let shown: Vec<String> = args
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let header = format!("$ {program} {}\n", shown.join(" "));
-    file.write_all(header.as_bytes())
-        .map_err(|e| Error::io(LOCAL_IO, "writing", log, e))?;
-    tracing::info!("running {}", header.trim_start_matches("$ ").trim_end());
-
-    let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| Error::new(LOCAL_IO, format!("creating a pipe for {program}: {e}")))?;
-    let writer2 = writer
-        .try_clone()
-        .map_err(|e| Error::new(LOCAL_IO, format!("duplicating a pipe for {program}: {e}")))?;
-    let mut child = Command::new(program)
-        .args(args)
-        .envs(C_LOCALE.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(writer))
-        .stderr(Stdio::from(writer2))
-        .spawn()
-        .map_err(|e| Error::new(Reason::CompilerMissing, format!("running {program}: {e}")))?;
-    // The Command held the only copies of the write end; with them dropped,
-    // the reader sees EOF when the child (and its children) exit.
-    let mut lines = BufReader::new(File::from(reader));
-    let mut line = Vec::new();
-    let mut write_err = None;
-    loop {
-        line.clear();
-        match lines.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(_) => {
-                if write_err.is_none() {
-                    if let Err(e) = file.write_all(&line) {
-                        write_err = Some(e);
-                    }
-                }
-                tracing::debug!(target: "make", "{}", String::from_utf8_lossy(&line).trim_end());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                write_err.get_or_insert(e);
-                break;
-            }
-        }
-    }
-    let status = child
-        .wait()
-        .map_err(|e| Error::new(LOCAL_IO, format!("waiting for {program}: {e}")))?;
-    if let Some(e) = write_err {
-        return Err(Error::io(LOCAL_IO, "writing", log, e));
-    }
-    file.sync_all()
-        .map_err(|e| Error::io(LOCAL_IO, "writing", log, e))?;
-    Ok(status)
-}
-
 /// The log, at most its last 64 MiB (the errors are near the end).
 fn read_log(log: &Path) -> Result<String> {
     const MAX: u64 = 64 << 20;
@@ -1265,7 +1122,7 @@ pub fn classify_log(log: &str, tree: &Path) -> Failure {
     let excerpt = lines[start..]
         .iter()
         .take(EXCERPT_LINES)
-        .map(|l| cut(l, EXCERPT_LINE_CHARS))
+        .map(|l| crate::text::truncate(l, EXCERPT_LINE_CHARS))
         .collect::<Vec<_>>()
         .join("\n");
     Failure {
@@ -1277,17 +1134,6 @@ pub fn classify_log(log: &str, tree: &Path) -> Failure {
         errors,
         excerpt,
     }
-}
-
-fn cut(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut n = max;
-    while !s.is_char_boundary(n) {
-        n -= 1;
-    }
-    format!("{}…", &s[..n])
 }
 
 fn failure_message(
@@ -1382,7 +1228,7 @@ fn stage_module(ko: &Path, dest_dir: &Path, release: &str) -> Result<Staged> {
     let info = modinfo::read_modinfo(&dest)
         .map_err(|e| Error::new(Reason::BuildFailed, format!("reading modinfo: {e}")))?;
     check_vermagic(&file_name, &info.vermagic, release)?;
-    let (sha256, size_bytes) = sha256_file(&dest)?;
+    let (sha256, size_bytes) = crate::files::sha256_file(&dest, LOCAL_IO)?;
     let module = BuiltModule {
         name: info.name.clone(),
         file: format!("modules/{file_name}"),
@@ -1408,25 +1254,16 @@ fn stage_module(ko: &Path, dest_dir: &Path, release: &str) -> Result<Staged> {
 
 /// `strip --strip-debug -o dest src`: the source tree stays as built.
 pub fn run_strip(src: &Path, dest: &Path) -> Result<()> {
-    let out = Command::new("strip")
-        .arg("--strip-debug")
+    let mut cmd = Command::new("strip");
+    cmd.arg("--strip-debug")
         .arg("-o")
         .arg(dest)
         .arg(src)
-        .envs(C_LOCALE.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::new(Reason::CompilerMissing, format!("running strip: {e}")))?;
+        .envs(crate::process::C_LOCALE.iter().copied());
+    // Not starting is a missing tool; failing is a bad module file.
+    let out = crate::process::output(&mut cmd, Reason::CompilerMissing)?;
     if !out.status.success() {
-        return Err(Error::new(
-            Reason::BuildFailed,
-            format!(
-                "strip --strip-debug {} failed ({}): {}",
-                src.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ));
+        return Err(crate::process::exit_error(&cmd, &out, Reason::BuildFailed));
     }
     Ok(())
 }
@@ -1446,251 +1283,4 @@ pub fn check_vermagic(module: &str, vermagic: &str, release: &str) -> Result<()>
     }
 }
 
-fn sha256_file(path: &Path) -> Result<(String, u64)> {
-    let mut f = File::open(path).map_err(|e| Error::io(LOCAL_IO, "opening", path, e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                hasher.update(&buf[..n]);
-                size += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(LOCAL_IO, "reading", path, e)),
-        }
-    }
-    Ok((hex::encode(hasher.finalize()), size))
-}
-
 // ------------------------------------------------------------ artifact
-
-/// Bumped when the manifest's meaning changes.
-/// 2: user space (`userSpace`, `links`) from a `.run`'s `.manifest`.
-pub const MANIFEST_VERSION: u32 = 2;
-
-/// `manifest.json` inside the artifact: what was built, for what, with what,
-/// and the sha256 of every other file in the archive.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Manifest {
-    pub schema_version: u32,
-    pub generator: String,
-    pub driver_version: String,
-    pub flavor: ModuleFlavor,
-    pub kernel_release: String,
-    /// `<cc> --version`, first line.
-    pub compiler: String,
-    /// The kernel's `CONFIG_CC_VERSION_TEXT`, when known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_compiler: Option<String>,
-    /// RFC 3339, UTC.
-    pub built_at: String,
-    pub modules: Vec<ManifestModule>,
-    pub firmware: Vec<ManifestFile>,
-    /// Why `firmware` is empty, when it is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub firmware_note: Option<String>,
-    /// NVIDIA's user space, at its place in a root filesystem.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub user_space: Vec<ManifestUserFile>,
-    /// SONAME and convenience links of the user space (not in the tar:
-    /// install creates them, after checking each target is a plain name).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub links: Vec<ManifestLink>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ManifestUserFile {
-    pub file: String,
-    pub size_bytes: u64,
-    pub sha256: String,
-    pub mode: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ManifestLink {
-    pub file: String,
-    pub target: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ManifestModule {
-    pub name: String,
-    pub file: String,
-    pub vermagic: String,
-    pub depends: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    pub size_bytes: u64,
-    pub sha256: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ManifestFile {
-    pub file: String,
-    pub size_bytes: u64,
-    pub sha256: String,
-}
-
-/// Writes `manifest.json`, `modules/*.ko` and `firmware/*` into a `.tar.zst`
-/// under a temporary name beside `artifact`, then renames it into place, so
-/// that a reader never sees half an artifact. Returns its sha256 and the
-/// final manifest.
-fn write_artifact(
-    artifact: &Path,
-    mut manifest: Manifest,
-    modules: &[Staged],
-    firmware: &[PathBuf],
-    user_space: Option<&(PathBuf, Vec<crate::userspace::Placement>)>,
-    staging: &Path,
-) -> Result<(String, Manifest)> {
-    let mut user_files: Vec<(String, PathBuf, u32)> = Vec::new();
-    if let Some((base, placements)) = user_space {
-        for p in placements {
-            match p {
-                crate::userspace::Placement::File { src, dest, mode } => {
-                    let path = base.join(src);
-                    let (sha256, size_bytes) = sha256_file(&path)?;
-                    manifest.user_space.push(ManifestUserFile {
-                        file: dest.clone(),
-                        size_bytes,
-                        sha256,
-                        mode: *mode,
-                    });
-                    user_files.push((dest.clone(), path, *mode));
-                }
-                crate::userspace::Placement::Link { dest, target } => {
-                    manifest.links.push(ManifestLink {
-                        file: dest.clone(),
-                        target: target.clone(),
-                    })
-                }
-            }
-        }
-    }
-    for fw in firmware {
-        let (sha256, size_bytes) = sha256_file(fw)?;
-        let name = fw
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        manifest.firmware.push(ManifestFile {
-            file: format!("firmware/{name}"),
-            size_bytes,
-            sha256,
-        });
-    }
-    if firmware.is_empty() {
-        manifest.firmware_note = Some(
-            "the source carries no GSP firmware (Debian's module-source packages ship it in firmware-nvidia-gsp); install it separately"
-                .into(),
-        );
-    }
-    let manifest_json = serde_json::to_vec_pretty(&manifest)
-        .map_err(|e| Error::new(Reason::Internal, format!("serializing the manifest: {e}")))?;
-    let manifest_path = staging.join("manifest.json");
-    fs::write(&manifest_path, &manifest_json)
-        .map_err(|e| Error::io(LOCAL_IO, "writing", &manifest_path, e))?;
-
-    let dir = artifact.parent().unwrap_or(Path::new("."));
-    let tmp = tempfile::Builder::new()
-        .prefix(".artifact-")
-        .suffix(".partial")
-        .tempfile_in(dir)
-        .map_err(|e| Error::io(LOCAL_IO, "creating a temporary file in", dir, e))?;
-    let mtime = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    {
-        let file = tmp
-            .as_file()
-            .try_clone()
-            .map_err(|e| Error::io(LOCAL_IO, "opening", tmp.path(), e))?;
-        let enc = zstd::stream::write::Encoder::new(std::io::BufWriter::new(file), 3)
-            .map_err(|e| Error::io(LOCAL_IO, "compressing", tmp.path(), e))?;
-        let mut tar = tar::Builder::new(enc);
-        let mut entries: Vec<(String, PathBuf, u32)> =
-            vec![("manifest.json".into(), manifest_path.clone(), 0o644)];
-        for m in modules {
-            entries.push((m.module.file.clone(), m.path.clone(), 0o644));
-        }
-        for (fw, entry) in firmware.iter().zip(&manifest.firmware) {
-            entries.push((entry.file.clone(), fw.clone(), 0o644));
-        }
-        entries.extend(user_files);
-        for (name, path, mode) in entries {
-            append_file(&mut tar, &name, &path, mode, mtime)
-                .map_err(|e| Error::io(LOCAL_IO, &format!("packaging {name} from"), &path, e))?;
-        }
-        let enc = tar
-            .into_inner()
-            .map_err(|e| Error::io(LOCAL_IO, "writing", tmp.path(), e))?;
-        let mut buf = enc
-            .finish()
-            .map_err(|e| Error::io(LOCAL_IO, "writing", tmp.path(), e))?;
-        buf.flush()
-            .map_err(|e| Error::io(LOCAL_IO, "writing", tmp.path(), e))?;
-    }
-    tmp.as_file()
-        .sync_all()
-        .map_err(|e| Error::io(LOCAL_IO, "writing", tmp.path(), e))?;
-    let (sha256, _) = sha256_file(tmp.path())?;
-    let perms = fs::Permissions::from_mode(0o644);
-    fs::set_permissions(tmp.path(), perms)
-        .map_err(|e| Error::io(LOCAL_IO, "setting permissions of", tmp.path(), e))?;
-    tmp.persist(artifact)
-        .map_err(|e| Error::io(LOCAL_IO, "renaming into place", artifact, e.error))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok((sha256, manifest))
-}
-
-fn append_file<W: Write>(
-    tar: &mut tar::Builder<W>,
-    name: &str,
-    path: &Path,
-    mode: u32,
-    mtime: u64,
-) -> std::io::Result<()> {
-    let mut f = File::open(path)?;
-    let len = f.metadata()?.len();
-    let mut header = tar::Header::new_gnu();
-    header.set_size(len);
-    header.set_mode(mode);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_mtime(mtime);
-    header.set_entry_type(tar::EntryType::Regular);
-    tar.append_data(&mut header, name, &mut f)
-}
-
-/// RFC 3339 in UTC with second precision (`2026-12-02T13:21:05Z`), from the
-/// civil-from-days algorithm (H. Hinnant): no time crate needed.
-pub fn rfc3339_utc(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}

@@ -25,7 +25,6 @@
 //! and offers a blocking interface, so that the rest of the installer stays
 //! synchronous.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,7 +38,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::build::{MANIFEST_VERSION, Manifest};
+use crate::artifact::{MANIFEST_VERSION, Manifest};
 use crate::error::{Error, Result};
 use crate::host::ModuleFlavor;
 use crate::report::Reason;
@@ -357,14 +356,19 @@ impl std::fmt::Debug for Store {
 type StoreResult<T> = std::result::Result<T, object_store::Error>;
 
 impl Store {
-    /// Builds the client. `Err` (a message) means the store is unusable
-    /// here: the caller reports it as `Unavailable` and builds anyway.
-    pub fn open(cfg: &CacheConfig) -> std::result::Result<Store, String> {
-        let location = parse_url(&cfg.url).map_err(|e| e.message)?;
+    /// Builds the client. `Err` means the store is unusable here: the
+    /// caller reports it as `Unavailable` and builds anyway.
+    pub fn open(cfg: &CacheConfig) -> Result<Store> {
+        let location = parse_url(&cfg.url)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| format!("starting the cache's runtime: {e}"))?;
+            .map_err(|e| {
+                Error::new(
+                    Reason::Internal,
+                    format!("starting the cache's runtime: {e}"),
+                )
+            })?;
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -380,11 +384,16 @@ impl Store {
                 .with_timeout(Duration::from_secs(300))
                 .with_allow_http(cfg.allow_http),
         );
-        let fail = |e: object_store::Error| format!("configuring the store {}: {e}", cfg.url);
+        let fail = |e: object_store::Error| {
+            Error::new(
+                Reason::InvalidArgument,
+                format!("configuring the store {}: {e}", cfg.url),
+            )
+        };
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match location {
             Location::File(dir) => {
                 std::fs::create_dir_all(&dir)
-                    .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                    .map_err(|e| Error::io(Reason::Internal, "creating", &dir, e))?;
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(fail)?
                     .with_automatic_cleanup(true);
@@ -823,7 +832,7 @@ impl Session {
             artifact: name.clone(),
             artifact_sha256: sha256.to_string(),
             artifact_size_bytes: bytes.len() as u64,
-            stored_at: crate::build::rfc3339_utc(SystemTime::now()),
+            stored_at: crate::text::rfc3339_utc(SystemTime::now()),
             stored_by: self.id.clone(),
             manifest: manifest.clone(),
         };
@@ -946,114 +955,51 @@ fn read_entry(
         Err(e) => return Found::Unavailable(describe(&e)),
     };
     status.bytes_downloaded += bytes.len() as u64;
-    if let Err(why) = verify_artifact(&bytes, &entry) {
-        return Found::Corrupt(why);
+    if let Err(e) = verify_artifact(&bytes, &entry) {
+        return Found::Corrupt(e.message);
     }
-    if let Err(e) = write_file_atomic(artifact, &bytes) {
-        return Found::Unavailable(format!("writing {}: {e}", artifact.display()));
+    if let Err(e) = crate::files::write_atomic(artifact, &bytes, 0o644, Reason::Internal) {
+        return Found::Unavailable(e.message);
     }
     Found::Hit(Box::new(entry))
 }
 
-/// The artifact's size and sha256 against the entry, then every file inside
-/// against the build manifest's sha256, and its vermagic against the key.
-pub fn verify_artifact(bytes: &[u8], entry: &StoredEntry) -> std::result::Result<(), String> {
+/// The artifact's size and sha256 against the entry, its modules' vermagic
+/// against the key, then every file inside against the build manifest
+/// (the artifact module's check).
+pub fn verify_artifact(bytes: &[u8], entry: &StoredEntry) -> Result<()> {
+    let corrupt = |m: String| Error::new(Reason::ArtifactInvalid, m);
     let size = bytes.len() as u64;
     if size != entry.artifact_size_bytes {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{} is truncated or padded: {size} bytes, the manifest says {}",
             entry.artifact, entry.artifact_size_bytes
-        ));
+        )));
     }
-    let sha = hex::encode(Sha256::digest(bytes));
+    let sha = crate::files::sha256_bytes(bytes);
     if sha != entry.artifact_sha256 {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{} has sha256 {sha}, the manifest says {}",
             entry.artifact, entry.artifact_sha256
-        ));
+        )));
     }
-    let mut expected: std::collections::BTreeMap<String, &str> = entry
-        .manifest
-        .modules
-        .iter()
-        .map(|m| (m.file.clone(), m.sha256.as_str()))
-        .chain(
-            entry
-                .manifest
-                .firmware
-                .iter()
-                .map(|f| (f.file.clone(), f.sha256.as_str())),
-        )
-        .collect();
     if !entry
         .manifest
         .modules
         .iter()
         .any(|m| m.file == "modules/nvidia.ko")
     {
-        return Err("the manifest lists no modules/nvidia.ko".into());
+        return Err(corrupt("the manifest lists no modules/nvidia.ko".into()));
     }
     for m in &entry.manifest.modules {
         if m.vermagic.split_whitespace().next() != Some(entry.key.kernel_release.as_str()) {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "{} has vermagic {:?}, not for kernel {}",
                 m.file, m.vermagic, entry.key.kernel_release
-            ));
+            )));
         }
     }
-    let dec = zstd::stream::read::Decoder::new(bytes).map_err(|e| format!("zstd: {e}"))?;
-    let mut tar = tar::Archive::new(dec);
-    let entries = tar.entries().map_err(|e| format!("reading the tar: {e}"))?;
-    let mut inner_manifest = None;
-    for e in entries {
-        let mut e = e.map_err(|e| format!("reading the tar: {e}"))?;
-        let name = e
-            .path()
-            .map_err(|e| format!("reading the tar: {e}"))?
-            .to_string_lossy()
-            .into_owned();
-        let mut data = Vec::new();
-        e.read_to_end(&mut data)
-            .map_err(|e| format!("reading {name} from the tar: {e}"))?;
-        if name == "manifest.json" {
-            inner_manifest = Some(data);
-            continue;
-        }
-        let got = hex::encode(Sha256::digest(&data));
-        match expected.remove(&name) {
-            Some(want) if want == got => {}
-            Some(want) => return Err(format!("{name} has sha256 {got}, the manifest says {want}")),
-            None => return Err(format!("{name} is not in the manifest")),
-        }
-    }
-    if let Some(missing) = expected.keys().next() {
-        return Err(format!("{missing} is missing from the artifact"));
-    }
-    let inner: Manifest = inner_manifest
-        .ok_or("the artifact has no manifest.json")
-        .and_then(|b| serde_json::from_slice(&b).map_err(|_| "its manifest.json is invalid"))?;
-    if inner != entry.manifest {
-        return Err("the artifact's manifest.json differs from the entry's".into());
-    }
-    Ok(())
-}
-
-/// Temp file beside `path`, fsync, rename.
-fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".cache-")
-        .suffix(".partial")
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    crate::artifact::check_bytes(bytes, &entry.manifest)
 }
 
 // ------------------------------------------------------------ packages
@@ -1071,48 +1017,106 @@ pub fn restore_package(
     file: &str,
     sha256: &str,
     dest: &Path,
-) -> std::result::Result<Option<u64>, String> {
+) -> Result<Option<u64>> {
     check_file_name(file)?;
     let store = Store::open(cfg)?;
     let rel = package_object(file);
-    let Some((bytes, _)) = store.get(&rel).map_err(|e| describe(&e))? else {
+    let Some((bytes, _)) = store.get(&rel).map_err(|e| unavailable(&e))? else {
         return Ok(None);
     };
-    let got = hex::encode(Sha256::digest(&bytes));
+    let got = crate::files::sha256_bytes(&bytes);
     if got != sha256 {
-        return Err(format!(
-            "{}/{rel} has sha256 {got}, not the trusted {sha256}; not used",
-            store.display
+        return Err(Error::new(
+            Reason::ChecksumMismatch,
+            format!(
+                "{}/{rel} has sha256 {got}, not the trusted {sha256}; not used",
+                store.display
+            ),
         ));
     }
-    write_file_atomic(dest, &bytes).map_err(|e| format!("writing {}: {e}", dest.display()))?;
+    crate::files::write_atomic(dest, &bytes, 0o644, Reason::Internal)?;
     Ok(Some(bytes.len() as u64))
+}
+
+/// `fetch` with the cache's store as a private package mirror: a package the
+/// store holds (`<cache-url>/packages/<file>`) is placed into the local
+/// package cache if its sha256 is the trusted one, and a package downloaded
+/// from elsewhere is stored there for the other nodes. The store never
+/// supplies a checksum, and its failures are only warnings.
+pub fn fetch_with_mirror(
+    cache: &CacheConfig,
+    req: &crate::fetch::PackageRequest,
+    opts: crate::fetch::FetchOptions,
+) -> crate::fetch::FetchResult {
+    let file = crate::fetch::file_name_of(&req.url);
+    let sha = match &req.sha256 {
+        Some((s, _)) => Some(s.to_ascii_lowercase()),
+        None if !opts.offline => crate::fetch::find_checksum(req, &opts).ok().map(|(s, _)| s),
+        None => None,
+    };
+    let mut restored = None;
+    if let Some(sha) = sha.filter(|s| crate::fetch::is_sha256_hex(s)) {
+        let dest = opts.cache_dir.join(&sha);
+        if !dest.exists() {
+            match restore_package(cache, &file, &sha, &dest) {
+                Ok(Some(n)) => {
+                    tracing::info!("{file}: {n} bytes from the cache store {}", cache.url);
+                    restored = Some(n);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{file}: cache store not used as a mirror: {e}"),
+            }
+        }
+    }
+    let mut doc = crate::fetch::fetch_package(req, opts);
+    if doc.status.outcome.reason != Reason::Fetched {
+        return doc;
+    }
+    if let Some(n) = restored {
+        doc.status.outcome.message = format!(
+            "{file} came from the cache store {}/{} ({n} bytes) and was verified against the trusted sha256 at {}",
+            cache.url.trim_end_matches('/'),
+            package_object(&file),
+            doc.status.path.as_deref().unwrap_or("?")
+        );
+    } else if let Some(path) = &doc.status.path {
+        match store_package(cache, &file, Path::new(path)) {
+            Ok(true) => tracing::info!("{file}: stored in the cache store {}", cache.url),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("{file}: not stored in the cache store: {e}"),
+        }
+    }
+    doc
 }
 
 /// Stores a verified package as `packages/<file>` unless it is there
 /// already. Returns whether it was written.
-pub fn store_package(
-    cfg: &CacheConfig,
-    file: &str,
-    path: &Path,
-) -> std::result::Result<bool, String> {
+pub fn store_package(cfg: &CacheConfig, file: &str, path: &Path) -> Result<bool> {
     check_file_name(file)?;
     let store = Store::open(cfg)?;
     let rel = package_object(file);
-    if store.head(&rel).map_err(|e| describe(&e))?.is_some() {
+    if store.head(&rel).map_err(|e| unavailable(&e))?.is_some() {
         return Ok(false);
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::io(Reason::Internal, "reading", path, e))?;
     match store.put(&rel, bytes, PutMode::Create) {
         Ok(_) => Ok(true),
         Err(e) if is_conflict(&e) => Ok(false),
-        Err(e) => Err(describe(&e)),
+        Err(e) => Err(unavailable(&e)),
     }
 }
 
-fn check_file_name(file: &str) -> std::result::Result<(), String> {
+/// A store request that failed: the store is unreachable or refused.
+fn unavailable(e: &object_store::Error) -> Error {
+    Error::new(Reason::DownloadFailed, describe(e))
+}
+
+fn check_file_name(file: &str) -> Result<()> {
     if file.is_empty() || file.contains('/') || file.starts_with('.') {
-        Err(format!("{file:?} is not a package file name"))
+        Err(Error::new(
+            Reason::InvalidArgument,
+            format!("{file:?} is not a package file name"),
+        ))
     } else {
         Ok(())
     }

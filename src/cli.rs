@@ -4,31 +4,25 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use std::time::Duration;
-
-use crate::build::{self, BuildOptions, BuildResult};
-use crate::catalog::Catalog;
-use crate::detect::{self, DetectOptions, DetectSpec, HostReport};
+use crate::build::{self, BuildOptions};
 use crate::error::{Error, Result};
-use crate::fetch::{
-    self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
-};
+use crate::fetch::{RetryPolicy, Timeouts};
 use crate::host::{HostRoot, HostRootSource, ModuleFlavor};
-use crate::load::{self, InstallOptions, UninstallOptions};
-use crate::report::{self, Kind, Outcome, Reason, ResultDocument};
-use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
-use crate::run::{Installed, RunResult, RunSpec, Steps};
-use crate::verify::{self, VerifyOptions};
+use crate::load::{self, UninstallOptions};
+use crate::report::{self, Kind, Reason, ResultDocument};
+use crate::resolve::FlavorChoice;
+use crate::run::{self, Config, Download, LoadSettings};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "gpu-driver-installer",
     version,
-    about = "Detects a node, resolves the NVIDIA driver it needs, and reports in JSON",
+    about = "Builds, loads and verifies the NVIDIA driver for a node's exact kernel: detect, resolve, fetch, build, install, verify; every command prints one JSON result",
     long_about = None
 )]
 pub struct Cli {
@@ -228,19 +222,16 @@ pub struct CacheArgs {
 }
 
 impl CacheArgs {
-    /// The checked configuration; `None` without `--cache-url`.
-    pub fn config(&self, allow_http: bool) -> Result<Option<crate::cache::CacheConfig>> {
-        let Some(url) = &self.cache_url else {
-            return Ok(None);
-        };
-        let cfg = crate::cache::CacheConfig {
+    /// The configuration, `None` without `--cache-url`; the step that uses
+    /// it checks it (a bad value fails that step).
+    pub fn config(&self, allow_http: bool) -> Option<crate::cache::CacheConfig> {
+        let url = self.cache_url.as_ref()?;
+        Some(crate::cache::CacheConfig {
             wait: Duration::from_secs(self.cache_wait),
             lease_ttl: Duration::from_secs(self.cache_lease_ttl),
             poll: Duration::from_millis(self.cache_poll_ms.max(10)),
             ..crate::cache::CacheConfig::new(url, allow_http)
-        };
-        cfg.check()?;
-        Ok(Some(cfg))
+        })
     }
 }
 
@@ -313,7 +304,7 @@ pub struct PlanArgs {
 }
 
 /// Where packages are cached on the host, so that a later Job finds them.
-pub const DEFAULT_PACKAGE_CACHE: &str = "/var/cache/gpu-driver/packages";
+pub const DEFAULT_PACKAGE_CACHE: &str = crate::run::PACKAGE_CACHE;
 
 /// Entry point: returns the process exit code.
 pub fn run() -> ExitCode {
@@ -357,39 +348,26 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
         Command::CopySelf { dest } => {
-            copy_self(dest)?;
+            crate::files::copy_self(dest)?;
             emit_raw(g, &format!("{}\n", dest.display()))?;
             Ok(0)
         }
-        Command::Detect => {
-            let root = host_root(g);
-            let doc = match load_catalog(g) {
-                Ok((catalog, _)) => detect::detect(&DetectOptions {
-                    root: &root,
-                    catalog: &catalog,
-                    kernel_release: g.kernel_release.clone(),
-                }),
-                Err(e) => failed_host_report(&root, g, &e),
-            };
-            deliver(g, Kind::HostReport, &doc)
+        Command::Detect => deliver(g, Kind::HostReport, &run::detect(&config(g))),
+        Command::Resolve(args) => {
+            let cfg = with_plan(config(g), args);
+            deliver(g, Kind::InstallPlan, &run::resolve(&cfg))
         }
         Command::Fetch(args) => {
-            let doc = run_fetch(g, args);
-            deliver(g, Kind::FetchResult, &doc)
+            let cfg = with_fetch(config(g), args);
+            deliver(g, Kind::FetchResult, &run::fetch(&cfg))
         }
         Command::Build(args) => {
-            let doc = run_build(g, args);
+            let doc = build::build(&build_options(g, args));
             deliver(g, Kind::BuildResult, &doc)
         }
         Command::Install(args) => {
-            let root = host_root(g);
-            let doc = load::install(&install_options(
-                g,
-                &root,
-                args.artifact.clone(),
-                &args.load,
-            ));
-            deliver(g, Kind::InstallResult, &doc)
+            let cfg = with_load(config(g), &args.load);
+            deliver(g, Kind::InstallResult, &run::install(&cfg, &args.artifact))
         }
         Command::Uninstall(args) => {
             let root = host_root(g);
@@ -401,239 +379,49 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             deliver(g, Kind::InstallResult, &doc)
         }
         Command::Verify(args) => {
-            let root = host_root(g);
-            let doc = verify::verify(&VerifyOptions {
-                root: &root,
-                nvidia_smi: args.nvidia_smi.clone(),
-                driver_version: args.driver_version.clone(),
-            });
+            let mut cfg = config(g);
+            cfg.nvidia_smi = args.nvidia_smi.clone();
+            let doc = run::verify(&cfg, args.driver_version.clone());
             deliver(g, Kind::VerifyResult, &doc)
         }
         Command::Run(args) => {
-            let doc = run_job(g, args);
-            deliver(g, Kind::RunResult, &doc)
-        }
-        Command::Resolve(args) => {
-            let root = host_root(g);
-            let doc = match load_catalog(g) {
-                Ok((catalog, label)) => resolve::resolve(&ResolveOptions {
-                    root: &root,
-                    catalog: &catalog,
-                    catalog_label: label,
-                    kernel_release: g.kernel_release.clone(),
-                    driver_version: args.driver_version.clone(),
-                    flavor: args.flavor,
-                }),
-                Err(e) => failed_plan(&root, g, args, &e),
-            };
-            deliver(g, Kind::InstallPlan, &doc)
+            let mut cfg = with_load(with_fetch(config(g), &args.fetch), &args.load);
+            cfg.artifact = args.artifact.clone();
+            cfg.nvidia_smi = args.nvidia_smi.clone();
+            deliver(g, Kind::RunResult, &run::run(&cfg))
         }
     }
 }
 
-fn run_build(g: &GlobalArgs, args: &BuildArgs) -> BuildResult {
-    let root = host_root(g);
-    let jobs = args.jobs.map(usize::from).unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
-    let mut opts = BuildOptions {
-        source: args.source.clone(),
-        kernel_release: String::new(),
-        headers: args.headers.clone(),
-        root,
-        flavor: args.flavor.into(),
-        out_dir: args.out.clone(),
-        work_dir: args.work_dir.clone(),
-        keep_work: args.keep_work,
-        jobs,
-        driver_version: args.driver_version.clone(),
-        cache: None,
-    };
-    match args.cache.config(args.allow_http) {
-        Ok(c) => opts.cache = c,
-        Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
-    }
-    let release = match args.kernel.clone().or_else(|| g.kernel_release.clone()) {
-        Some(r) => Ok(r),
-        None => crate::host::read_kernel_release(&opts.root),
-    };
-    match release {
-        Ok(r) => {
-            opts.kernel_release = r;
-            build::build(&opts)
-        }
-        Err(e) => build::build_failed(opts.spec(), Outcome::from_error(&e)),
+fn host_root(g: &GlobalArgs) -> HostRoot {
+    match &g.host_root {
+        Some(p) => HostRoot::new(p, HostRootSource::Flag),
+        None => HostRoot::auto(),
     }
 }
 
-/// Where `run` keeps what it builds and the headers it downloads, on the
-/// host, so that a rerun after a crash finds them.
-const BUILD_CACHE: &str = "/var/cache/gpu-driver/builds";
-const HEADERS_CACHE: &str = "/var/cache/gpu-driver/headers";
-
-/// `run`'s build step: the fetched package, compiled for the plan's kernel
-/// with the plan's flavor, against installed headers or the headers package
-/// from the OS's repository.
-fn run_build_step(
-    root: &HostRoot,
-    plan: &InstallPlan,
-    fetched: &FetchResult,
-    fetch_args: &FetchArgs,
-) -> BuildResult {
-    let st = &plan.status;
-    let release = st.kernel_release.clone().unwrap_or_default();
-    let mut opts = BuildOptions {
-        source: PathBuf::from(fetched.status.path.clone().unwrap_or_default()),
-        kernel_release: release.clone(),
-        headers: None,
-        root: root.clone(),
-        flavor: st.module_flavor.unwrap_or(ModuleFlavor::Proprietary),
-        out_dir: root.join(BUILD_CACHE),
-        work_dir: None,
-        keep_work: false,
-        jobs: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
-        driver_version: st.driver_version.clone(),
-        cache: None,
-    };
-    match fetch_args.cache.config(fetch_args.allow_http) {
-        Ok(c) => opts.cache = c,
-        Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
-    }
-    if let Some(h) = &st.headers {
-        match h.source {
-            resolve::HeadersSource::Installed => {
-                opts.headers = h.path.as_ref().map(|p| root.join(p));
-            }
-            resolve::HeadersSource::Package => {
-                let fetch_opts = fetch_options(root, fetch_args);
-                let scratch = root.join(HEADERS_CACHE).join(&release);
-                let tree = if scratch.join("usr/src").is_dir() {
-                    // Downloaded by an earlier run: the tree is renamed into
-                    // place only when complete.
-                    Ok(scratch
-                        .join("usr/src")
-                        .join(format!("linux-headers-{release}")))
-                } else {
-                    crate::headers::fetch_headers(
-                        h.repository.as_deref().unwrap_or_default(),
-                        h.suite.as_deref().unwrap_or_default(),
-                        &release,
-                        &fetch_opts,
-                        &scratch,
-                    )
-                    .map(|t| t.arch_dir)
-                };
-                match tree {
-                    Ok(dir) => opts.headers = Some(dir),
-                    Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
-                }
-            }
-        }
-    }
-    build::build(&opts)
+/// The pipeline's configuration from the global flags.
+fn config(g: &GlobalArgs) -> Config {
+    let mut cfg = Config::new(host_root(g));
+    cfg.catalog = g.catalog.clone();
+    cfg.kernel_release = g.kernel_release.clone();
+    cfg
 }
 
-fn install_options<'a>(
-    g: &GlobalArgs,
-    root: &'a HostRoot,
-    artifact: PathBuf,
-    load: &LoadArgs,
-) -> InstallOptions<'a> {
-    InstallOptions {
-        root,
-        artifact,
-        kernel_release: g.kernel_release.clone(),
-        module_params: load.module_params.clone(),
-        drm: !load.no_drm,
-        peermem: load.peermem,
-        force: load.force,
-    }
+fn with_plan(mut cfg: Config, args: &PlanArgs) -> Config {
+    cfg.driver_version = args.driver_version.clone();
+    cfg.flavor = args.flavor;
+    cfg
 }
 
-/// `run`: each step's document goes to stderr; the RunResult summarizes.
-fn run_job(g: &GlobalArgs, args: &RunArgs) -> RunResult {
-    let root = host_root(g);
-    let spec = RunSpec {
-        host_root: root.path().display().to_string(),
-        artifact: args.artifact.as_ref().map(|p| p.display().to_string()),
-        driver_version: args.fetch.plan.driver_version.clone(),
-    };
-    let mut steps = Steps::new();
-    let (catalog, label) = match load_catalog(g) {
-        Ok(c) => c,
-        Err(e) => return steps.finish(spec, Some(Outcome::from_error(&e))),
-    };
-    let report = detect::detect(&DetectOptions {
-        root: &root,
-        catalog: &catalog,
-        kernel_release: g.kernel_release.clone(),
-    });
-    if !steps.push(Kind::HostReport, &report) {
-        return steps.finish(spec, None);
-    }
-    let artifact = match &args.artifact {
-        Some(a) => a.clone(),
-        None => {
-            let plan = resolve::resolve(&ResolveOptions {
-                root: &root,
-                catalog: &catalog,
-                catalog_label: label,
-                kernel_release: g.kernel_release.clone(),
-                driver_version: args.fetch.plan.driver_version.clone(),
-                flavor: args.fetch.plan.flavor,
-            });
-            if !steps.push(Kind::InstallPlan, &plan) {
-                return steps.finish(spec, None);
-            }
-            let fetched = run_fetch(g, &args.fetch);
-            if !steps.push(Kind::FetchResult, &fetched) {
-                return steps.finish(spec, None);
-            }
-            let built = run_build_step(&root, &plan, &fetched, &args.fetch);
-            if !steps.push(Kind::BuildResult, &built) {
-                return steps.finish(spec, None);
-            }
-            match &built.status.artifact {
-                Some(a) => PathBuf::from(a),
-                None => {
-                    return steps.finish(
-                        spec,
-                        Some(Outcome::new(
-                            Reason::Internal,
-                            "build succeeded without an artifact",
-                        )),
-                    );
-                }
-            }
-        }
-    };
-    let installed = load::install(&install_options(g, &root, artifact, &args.load));
-    if !steps.push(Kind::InstallResult, &installed) {
-        return steps.finish(spec, None);
-    }
-    steps.set_installed(Installed {
-        driver_version: installed.status.driver_version.clone(),
-        flavor: installed.status.flavor,
-        kernel_release: installed.status.kernel_release.clone(),
-    });
-    let verified = verify::verify(&VerifyOptions {
-        root: &root,
-        nvidia_smi: args.nvidia_smi.clone(),
-        driver_version: installed.status.driver_version.clone(),
-    });
-    steps.push(Kind::VerifyResult, &verified);
-    steps.finish(spec, None)
-}
-
-/// The network policy of `fetch`, shared by every download of a run.
-fn fetch_options(root: &HostRoot, args: &FetchArgs) -> FetchOptions {
-    FetchOptions {
-        urls: Vec::new(),
-        sha256: String::new(),
-        cache_dir: args
-            .cache_dir
-            .clone()
-            .unwrap_or_else(|| root.join(DEFAULT_PACKAGE_CACHE)),
+fn with_fetch(cfg: Config, args: &FetchArgs) -> Config {
+    let mut cfg = with_plan(cfg, &args.plan);
+    cfg.download = Download {
+        url: args.url.clone(),
+        sha256: args.sha256.clone(),
+        manifest: args.manifest.clone(),
+        mirrors: args.mirrors.clone(),
+        cache_dir: args.cache_dir.clone(),
         offline: args.offline,
         allow_http: args.allow_http,
         retry: RetryPolicy {
@@ -646,177 +434,43 @@ fn fetch_options(root: &HostRoot, args: &FetchArgs) -> FetchOptions {
             read: Duration::from_secs(args.read_timeout),
         },
         ca_bundle: args.ca_bundle.clone(),
-        progress_bar: true,
-    }
+    };
+    cfg.cache = args.cache.config(args.allow_http);
+    cfg
 }
 
-fn run_fetch(g: &GlobalArgs, args: &FetchArgs) -> FetchResult {
-    let root = host_root(g);
-    let opts = fetch_options(&root, args);
-    let flag_sum = args
-        .sha256
-        .as_ref()
-        .map(|s| (s.clone(), ChecksumSource::Flag));
-    let request = match &args.url {
-        Some(url) => Ok(PackageRequest {
-            url: url.clone(),
-            sha256: flag_sum,
-            mirrors: args.mirrors.clone(),
-            version: None,
-            manifest: args.manifest.clone(),
-        }),
-        None => plan_request(g, &root, args, flag_sum),
+fn with_load(mut cfg: Config, args: &LoadArgs) -> Config {
+    cfg.load = LoadSettings {
+        module_params: args.module_params.clone(),
+        drm: !args.no_drm,
+        peermem: args.peermem,
+        force: args.force,
     };
-    let cache = match args.cache.config(args.allow_http) {
-        Ok(c) => c,
-        Err(e) => {
-            return fetch::fetch_package_failed(
-                args.url.clone().unwrap_or_default(),
-                &opts,
-                Outcome::from_error(&e),
-            );
-        }
-    };
-    match request {
-        Ok(req) => match &cache {
-            Some(c) => fetch_via_store(c, &req, opts),
-            None => fetch::fetch_package(&req, opts),
-        },
-        Err(e) => fetch::fetch_package_failed(
-            args.url.clone().unwrap_or_default(),
-            &opts,
-            Outcome::from_error(&e),
-        ),
-    }
+    cfg
 }
 
-/// `fetch` with the cache's store as a private package mirror: a package the
-/// store holds (`<cache-url>/packages/<file>`) is placed into the local
-/// package cache if its sha256 is the trusted one, and a package downloaded
-/// from elsewhere is stored there for the other nodes. The store never
-/// supplies a checksum, and its failures are only warnings.
-fn fetch_via_store(
-    cache: &crate::cache::CacheConfig,
-    req: &PackageRequest,
-    opts: FetchOptions,
-) -> FetchResult {
-    let file = fetch::file_name_of(&req.url);
-    let sha = match &req.sha256 {
-        Some((s, _)) => Some(s.to_ascii_lowercase()),
-        None if !opts.offline => fetch::find_checksum(req, &opts).ok().map(|(s, _)| s),
-        None => None,
-    };
-    let mut restored = None;
-    if let Some(sha) = sha.filter(|s| fetch::is_sha256_hex(s)) {
-        let dest = opts.cache_dir.join(&sha);
-        if !dest.exists() {
-            match crate::cache::restore_package(cache, &file, &sha, &dest) {
-                Ok(Some(n)) => {
-                    tracing::info!("{file}: {n} bytes from the cache store {}", cache.url);
-                    restored = Some(n);
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!("{file}: cache store not used as a mirror: {e}"),
-            }
-        }
-    }
-    let mut doc = fetch::fetch_package(req, opts);
-    if doc.status.outcome.reason != Reason::Fetched {
-        return doc;
-    }
-    if let Some(n) = restored {
-        doc.status.outcome.message = format!(
-            "{file} came from the cache store {}/{} ({n} bytes) and was verified against the trusted sha256 at {}",
-            cache.url.trim_end_matches('/'),
-            crate::cache::package_object(&file),
-            doc.status.path.as_deref().unwrap_or("?")
-        );
-    } else if let Some(path) = &doc.status.path {
-        match crate::cache::store_package(cache, &file, Path::new(path)) {
-            Ok(true) => tracing::info!("{file}: stored in the cache store {}", cache.url),
-            Ok(false) => {}
-            Err(e) => tracing::warn!("{file}: not stored in the cache store: {e}"),
-        }
-    }
-    doc
-}
-
-/// The package of the resolved plan; fails with the plan's own reason.
-fn plan_request(
-    g: &GlobalArgs,
-    root: &HostRoot,
-    args: &FetchArgs,
-    flag_sum: Option<(String, ChecksumSource)>,
-) -> Result<PackageRequest> {
-    let (catalog, label) = load_catalog(g)?;
-    let plan = resolve::resolve(&ResolveOptions {
-        root,
-        catalog: &catalog,
-        catalog_label: label,
-        kernel_release: g.kernel_release.clone(),
-        driver_version: args.plan.driver_version.clone(),
-        flavor: args.plan.flavor,
+fn build_options(g: &GlobalArgs, args: &BuildArgs) -> BuildOptions {
+    let jobs = args.jobs.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
-    let outcome = &plan.status.outcome;
-    let package = match (&plan.status.package, outcome.reason) {
-        (Some(p), Reason::Resolved) => p,
-        _ => return Err(Error::new(outcome.reason, outcome.message.clone())),
-    };
-    let mut mirrors = args.mirrors.clone();
-    mirrors.extend(package.mirrors.iter().cloned());
-    Ok(PackageRequest {
-        url: package.url.clone(),
-        sha256: flag_sum.or_else(|| {
-            package
-                .sha256
-                .as_ref()
-                .map(|s| (s.clone(), ChecksumSource::Catalog))
-        }),
-        mirrors,
-        version: plan.status.driver_version.clone(),
-        manifest: args.manifest.clone(),
-    })
-}
-
-fn host_root(g: &GlobalArgs) -> HostRoot {
-    match &g.host_root {
-        Some(p) => HostRoot::new(p, HostRootSource::Flag),
-        None => HostRoot::auto(),
+    BuildOptions {
+        source: args.source.clone(),
+        // Empty: the running kernel (read by build).
+        kernel_release: args
+            .kernel
+            .clone()
+            .or_else(|| g.kernel_release.clone())
+            .unwrap_or_default(),
+        headers: args.headers.clone(),
+        root: host_root(g),
+        flavor: args.flavor.into(),
+        out_dir: args.out.clone(),
+        work_dir: args.work_dir.clone(),
+        keep_work: args.keep_work,
+        jobs,
+        driver_version: args.driver_version.clone(),
+        cache: args.cache.config(args.allow_http),
     }
-}
-
-fn load_catalog(g: &GlobalArgs) -> Result<(Catalog, String)> {
-    match &g.catalog {
-        Some(p) => Ok((Catalog::load(p)?, p.display().to_string())),
-        None => Ok((Catalog::embedded()?, "embedded".to_string())),
-    }
-}
-
-fn failed_host_report(root: &HostRoot, g: &GlobalArgs, e: &Error) -> HostReport {
-    detect::detect_failed(
-        DetectSpec {
-            host_root: root.path().display().to_string(),
-            host_root_source: root.source(),
-            kernel_release_override: g.kernel_release.clone(),
-        },
-        Outcome::from_error(e),
-    )
-}
-
-fn failed_plan(root: &HostRoot, g: &GlobalArgs, args: &PlanArgs, e: &Error) -> InstallPlan {
-    resolve::plan_failed(
-        ResolveSpec {
-            host_root: root.path().display().to_string(),
-            driver_version: args.driver_version.clone(),
-            flavor: args.flavor,
-            kernel_release_override: g.kernel_release.clone(),
-            catalog: g
-                .catalog
-                .as_ref()
-                .map_or("embedded".into(), |p| p.display().to_string()),
-        },
-        Outcome::from_error(e),
-    )
 }
 
 /// Prints (or writes) the document, copies it to the termination log, logs
@@ -837,7 +491,9 @@ fn deliver<T: ResultDocument + Serialize>(g: &GlobalArgs, kind: Kind, doc: &T) -
 
 fn emit_raw(g: &GlobalArgs, text: &str) -> Result<()> {
     match &g.output {
-        Some(path) => write_atomic(path, text.as_bytes()),
+        Some(path) => {
+            crate::files::write_atomic(path, text.as_bytes(), 0o644, Reason::InvalidArgument)
+        }
         None => {
             let mut out = std::io::stdout().lock();
             out.write_all(text.as_bytes())
@@ -845,38 +501,4 @@ fn emit_raw(g: &GlobalArgs, text: &str) -> Result<()> {
                 .map_err(|e| Error::io(Reason::Internal, "writing", Path::new("<stdout>"), e))
         }
     }
-}
-
-fn copy_self(dest: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::new(Reason::Internal, format!("finding this binary: {e}")))?;
-    let bytes = std::fs::read(&exe).map_err(|e| Error::io(Reason::Internal, "reading", &exe, e))?;
-    write_atomic(dest, &bytes)?;
-    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| Error::io(Reason::InvalidArgument, "chmod", dest, e))
-}
-
-/// Temp file in the same directory, fsync, rename: a reader never sees a
-/// half-written result.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "result".into());
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let io = |action: &str, p: &Path, e| Error::io(Reason::InvalidArgument, action, p, e);
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", &tmp, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| io("writing", &tmp, e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io("renaming into place", path, e)
-    })
 }

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::host::ModuleFlavor;
 use crate::report::Reason;
 use crate::runfile;
+pub use crate::runfile::{Checksum, Compression};
 
 /// Failures of the local filesystem (opening the package, creating the
 /// target, writing files) are not the package's fault; the closed reason
@@ -30,31 +31,6 @@ const LOCAL_IO: Reason = Reason::Internal;
 
 /// Symlinks followed while checking where a link leads, as Linux's limit.
 const MAX_LINK_HOPS: usize = 40;
-
-/// How a payload is compressed. Detected from magic bytes, never from the
-/// file name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Compression {
-    Gzip,
-    Bzip2,
-    Xz,
-    Zstd,
-    /// A plain tar.
-    None,
-}
-
-impl std::fmt::Display for Compression {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Compression::Gzip => "gzip",
-            Compression::Bzip2 => "bzip2",
-            Compression::Xz => "xz",
-            Compression::Zstd => "zstd",
-            Compression::None => "uncompressed tar",
-        })
-    }
-}
 
 /// What a package source is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -66,16 +42,6 @@ pub enum PackageKind {
     Tarball(Compression),
     /// An already unpacked tree; it is copied.
     Directory,
-}
-
-/// A checksum from a makeself header that was verified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Checksum {
-    Md5,
-    Sha256,
-    /// POSIX `cksum` CRC (makeself's `CRCsum`).
-    Cksum,
 }
 
 /// What [`extract_package`] did.

@@ -110,6 +110,16 @@ pub fn lock(path: &Path, reason: Reason) -> Result<Flock<File>> {
     lock_file(file, path, reason)
 }
 
+/// Copies the running binary to `dest` (atomically, mode 0755): the
+/// operator's init container hands the installer from the scratch image to
+/// the builder image this way (no `cp` in scratch).
+pub fn copy_self(dest: &Path) -> Result<()> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::new(Reason::Internal, format!("finding this binary: {e}")))?;
+    let bytes = std::fs::read(&exe).map_err(|e| Error::io(Reason::Internal, "reading", &exe, e))?;
+    write_atomic(dest, &bytes, 0o755, Reason::InvalidArgument)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

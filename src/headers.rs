@@ -14,6 +14,7 @@ use crate::apt::{self, AptSource, Index, Package};
 use crate::deb;
 use crate::error::{Error, Result};
 use crate::fetch::{self, FetchOptions};
+use crate::host::HostRoot;
 use crate::report::Reason;
 
 /// Local filesystem failures (scratch directory) are not the repository's
@@ -391,6 +392,214 @@ fn check_tree(root: &Path, arch_rel: &Path, common_rel: &Path, release: &str) ->
         ));
     }
     Ok(())
+}
+
+/// The headers directory for `release`: `--headers` when given, else the
+/// installed headers under the host root (`/usr/src/linux-headers-<rel>`,
+/// `/lib/modules/<rel>/build`).
+pub fn locate_headers(given: Option<&Path>, root: &HostRoot, release: &str) -> Result<PathBuf> {
+    let hint = format!(
+        "install linux-headers-{release} (apt-get install linux-headers-{release}) or pass --headers DIR"
+    );
+    if let Some(dir) = given {
+        return if dir.is_dir() {
+            Ok(dir.to_path_buf())
+        } else {
+            Err(Error::new(
+                Reason::KernelHeadersNotFound,
+                format!("--headers {} is not a directory", dir.display()),
+            )
+            .with_hint(hint))
+        };
+    }
+    crate::resolve::installed_headers(root, release).ok_or_else(|| {
+        Error::new(
+            Reason::KernelHeadersNotFound,
+            format!(
+                "no kernel headers for {release} under {}: neither /usr/src/linux-headers-{release} nor /lib/modules/{release}/build holds a Makefile",
+                root.path().display()
+            ),
+        )
+        .with_hint(hint)
+    })
+}
+
+/// What the build needs to know about the headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelHeaders {
+    pub arch_dir: PathBuf,
+    pub common_dir: PathBuf,
+    pub release: String,
+    pub cc_version_text: Option<String>,
+}
+
+/// Checks that `arch_dir` holds complete headers for `release` and finds the
+/// common tree they build on.
+pub fn inspect_headers(arch_dir: &Path, root: &HostRoot, release: &str) -> Result<KernelHeaders> {
+    let incomplete = |what: String| {
+        Error::new(
+            Reason::KernelHeadersMismatch,
+            format!(
+                "kernel headers at {} are incomplete: {what}",
+                arch_dir.display()
+            ),
+        )
+        .with_hint(format!(
+            "reinstall linux-headers-{release} or pass --headers with a complete tree"
+        ))
+    };
+    if !arch_dir.join("Makefile").is_file() {
+        return Err(incomplete("no Makefile".into()));
+    }
+    let found = headers_release(arch_dir)?.ok_or_else(|| {
+        incomplete("neither include/generated/utsrelease.h nor include/config/kernel.release names a release".into())
+    })?;
+    if found != release {
+        return Err(Error::new(
+            Reason::KernelHeadersMismatch,
+            format!(
+                "kernel headers at {} are for {found}, not for {release}",
+                arch_dir.display()
+            ),
+        )
+        .with_hint(format!(
+            "install linux-headers-{release} or pass --headers with the headers of {release}"
+        )));
+    }
+    let common_dir = find_common_dir(arch_dir, root, release).ok_or_else(|| {
+        incomplete(
+            "the common part they build on (include/linux) was not found: not where the Makefile includes it from, not at its source link, not in the same directory".into(),
+        )
+    })?;
+    Ok(KernelHeaders {
+        arch_dir: arch_dir.to_path_buf(),
+        common_dir,
+        release: found,
+        cc_version_text: read_cc_version_text(arch_dir)?,
+    })
+}
+
+/// The release the headers were made for. `UTS_RELEASE` is what ends up in
+/// every module's vermagic, so it decides; `include/config/kernel.release`
+/// only counts when there is no `utsrelease.h`, because Debian bookworm's
+/// holds the upstream version (`6.1.176`) instead of the release.
+fn headers_release(arch_dir: &Path) -> Result<Option<String>> {
+    let uts = arch_dir.join("include/generated/utsrelease.h");
+    if let Some(text) = read_text_optional(&uts)? {
+        if let Some(r) = parse_uts_release(&text) {
+            return Ok(Some(r));
+        }
+    }
+    let rel = arch_dir.join("include/config/kernel.release");
+    Ok(read_text_optional(&rel)?
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty()))
+}
+
+fn read_text_optional(path: &Path) -> Result<Option<String>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(Reason::KernelHeadersMismatch, "reading", path, e)),
+    }
+}
+
+/// `#define UTS_RELEASE "6.1.0-50-cloud-amd64"` → the release.
+pub fn parse_uts_release(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("#define")?.trim_start();
+        let value = rest.strip_prefix("UTS_RELEASE")?.trim();
+        let v = value.strip_prefix('"')?.strip_suffix('"')?;
+        (!v.is_empty()).then(|| v.to_string())
+    })
+}
+
+/// A string option from `include/config/auto.conf` or `.config`:
+/// `KEY=value` or `KEY="value"` (with `\"` and `\\` escapes).
+pub fn parse_kconfig_string(text: &str, key: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let value = l.strip_prefix(key)?.strip_prefix('=')?.trim();
+        let v = match value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+            Some(quoted) => {
+                let mut out = String::new();
+                let mut chars = quoted.chars();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => out.extend(chars.next()),
+                        c => out.push(c),
+                    }
+                }
+                out
+            }
+            None => value.to_string(),
+        };
+        (!v.is_empty()).then_some(v)
+    })
+}
+
+fn read_cc_version_text(arch_dir: &Path) -> Result<Option<String>> {
+    for f in ["include/config/auto.conf", ".config"] {
+        if let Some(text) = read_text_optional(&arch_dir.join(f))? {
+            if let Some(v) = parse_kconfig_string(&text, "CONFIG_CC_VERSION_TEXT") {
+                return Ok(Some(v));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// `include /usr/src/linux-headers-6.1.0-50-common/Makefile` (Debian's
+/// one-line arch Makefile) → the included path.
+pub fn parse_makefile_include(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("include")?;
+        if !rest.starts_with([' ', '\t']) {
+            return None;
+        }
+        let path = rest.trim();
+        (!path.is_empty() && !path.contains("$(")).then(|| path.to_string())
+    })
+}
+
+/// The common tree (`SYSSRC`) of Debian-style split headers: the arch
+/// directory holds the configuration and generated files, the common one
+/// `include/linux` and the Makefile. Tried in order:
+///
+/// 1. the directory the arch Makefile includes, as written, inside the host
+///    root, and as a sibling of the arch directory (an absolute host path
+///    seen from a container that mounts the host elsewhere);
+/// 2. the arch directory's `source` link (kbuild's `O=` trees);
+/// 3. `/lib/modules/<rel>/source` in the host root;
+/// 4. the arch directory itself (a full, unsplit tree).
+pub fn find_common_dir(arch_dir: &Path, root: &HostRoot, release: &str) -> Option<PathBuf> {
+    let is_common = |p: &Path| p.join("Makefile").is_file() && p.join("include/linux").is_dir();
+    let mut candidates = Vec::new();
+    let makefile = fs::read_to_string(arch_dir.join("Makefile")).unwrap_or_default();
+    if let Some(inc) = parse_makefile_include(&makefile) {
+        let inc = PathBuf::from(inc);
+        if let Some(dir) = inc.parent() {
+            if dir.is_absolute() {
+                candidates.push(dir.to_path_buf());
+                candidates.extend(root.resolve(dir));
+            } else {
+                candidates.push(arch_dir.join(dir));
+            }
+            if let (Some(name), Some(parent)) = (dir.file_name(), arch_dir.parent()) {
+                candidates.push(parent.join(name));
+            }
+        }
+    }
+    if let Ok(target) = fs::read_link(arch_dir.join("source")) {
+        if target.is_absolute() {
+            candidates.push(target.clone());
+            candidates.extend(root.resolve(&target));
+        } else {
+            candidates.push(arch_dir.join(target));
+        }
+    }
+    candidates.extend(root.resolve(format!("/lib/modules/{release}/source")));
+    candidates.push(arch_dir.to_path_buf());
+    candidates.into_iter().find(|c| is_common(c))
 }
 
 #[cfg(test)]

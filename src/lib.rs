@@ -3,6 +3,7 @@
 //! `gpu-driver-installer` is a thin shell around [`cli::run`].
 
 pub mod apt;
+pub mod artifact;
 pub mod build;
 pub mod cache;
 pub mod catalog;

@@ -33,13 +33,14 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::kmod::{DeleteModuleFlags, ModuleInitFlags};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::artifact::{self, Manifest};
 use crate::error::{Error, Result};
 use crate::host::{self, HostRoot, ModuleFlavor, PciRole};
 use crate::modinfo::{self, ModInfo};
@@ -228,120 +229,6 @@ pub struct UninstallOptions<'a> {
     /// Module names; empty: NVIDIA's stack.
     pub modules: Vec<String>,
     pub force: bool,
-}
-
-// ------------------------------------------------------------ manifest
-
-/// The parts of the build artifact's `manifest.json` that install reads
-/// (the build command writes more; unknown fields are ignored).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Manifest {
-    pub driver_version: String,
-    pub flavor: ModuleFlavor,
-    pub kernel_release: String,
-    pub modules: Vec<ManifestEntry>,
-    #[serde(default)]
-    pub firmware: Vec<ManifestEntry>,
-    #[serde(default)]
-    pub user_space: Vec<ManifestEntry>,
-    #[serde(default)]
-    pub links: Vec<ManifestLink>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ManifestEntry {
-    /// Path inside the artifact (`modules/nvidia.ko`).
-    pub file: String,
-    pub sha256: String,
-    /// Permission bits to give the placed file (user space: 0755).
-    #[serde(default)]
-    pub mode: Option<u32>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ManifestLink {
-    /// The link, inside the artifact (`usr/lib/…/libcuda.so.1`).
-    pub file: String,
-    /// A name in the link's own directory.
-    pub target: String,
-}
-
-fn relative_plain(p: &str) -> bool {
-    !p.is_empty()
-        && Path::new(p)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
-}
-
-/// Reads `manifest.json` and checks every listed file's sha256.
-pub fn check_artifact(dir: &Path) -> Result<Manifest> {
-    let path = dir.join("manifest.json");
-    let text = fs::read_to_string(&path).map_err(|e| {
-        Error::io(Reason::ArtifactInvalid, "reading", &path, e)
-            .with_hint("a build artifact holds manifest.json, modules/*.ko and optional firmware/")
-    })?;
-    let manifest: Manifest = serde_json::from_str(&text)
-        .map_err(|e| Error::new(Reason::ArtifactInvalid, format!("{}: {e}", path.display())))?;
-    if manifest.modules.is_empty() {
-        return Err(Error::new(
-            Reason::ArtifactInvalid,
-            format!("{} lists no modules", path.display()),
-        ));
-    }
-    for link in &manifest.links {
-        if !relative_plain(&link.file)
-            || link.target.contains('/')
-            || link.target.is_empty()
-            || link.target == ".."
-        {
-            return Err(Error::new(
-                Reason::ArtifactInvalid,
-                format!(
-                    "manifest link {:?} -> {:?} would leave its directory",
-                    link.file, link.target
-                ),
-            ));
-        }
-    }
-    for entry in manifest
-        .modules
-        .iter()
-        .chain(&manifest.firmware)
-        .chain(&manifest.user_space)
-    {
-        let rel = Path::new(&entry.file);
-        if !rel
-            .components()
-            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(Error::new(
-                Reason::ArtifactInvalid,
-                format!("manifest entry {:?} is not a relative path", entry.file),
-            ));
-        }
-        let file = dir.join(rel);
-        if !file.is_file() {
-            return Err(Error::new(
-                Reason::ArtifactInvalid,
-                format!("{} is listed in the manifest but missing", entry.file),
-            ));
-        }
-        let (sum, _) = crate::fetch::hash_file(&file)
-            .map_err(|e| Error::new(Reason::ArtifactInvalid, e.message))?;
-        if !sum.eq_ignore_ascii_case(&entry.sha256) {
-            return Err(Error::new(
-                Reason::ArtifactInvalid,
-                format!(
-                    "{}: sha256 {sum} differs from the manifest's {}",
-                    entry.file, entry.sha256
-                ),
-            ));
-        }
-    }
-    Ok(manifest)
 }
 
 // ------------------------------------------------------------ module params
@@ -780,12 +667,12 @@ fn collect_garbage(drivers: &Path, current: &str, previous: Option<&Path>) {
 /// manifest with its sha256 (firmware moved under `nvidia/<version>`).
 fn root_intact(dir: &Path, manifest: &Manifest) -> bool {
     manifest
-        .modules
-        .iter()
-        .chain(&manifest.user_space)
+        .entries()
+        .into_iter()
+        .filter(|e| !e.file.starts_with("firmware/"))
         .all(|e| {
-            crate::fetch::hash_file(&dir.join(&e.file))
-                .is_ok_and(|(sum, _)| sum.eq_ignore_ascii_case(&e.sha256))
+            crate::files::sha256_file(&dir.join(e.file), LOCAL_IO)
+                .is_ok_and(|(sum, _)| sum.eq_ignore_ascii_case(e.sha256))
         })
 }
 
@@ -795,7 +682,7 @@ fn place_user_space(staged: &Path, manifest: &Manifest) -> Result<Vec<String>> {
     let mut placed = Vec::new();
     for e in &manifest.user_space {
         let path = staged.join(&e.file);
-        let mode = e.mode.unwrap_or(0o755) & 0o755;
+        let mode = e.mode & 0o755;
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))
             .map_err(|err| Error::io(LOCAL_IO, "chmod", &path, err))?;
         placed.push(e.file.clone());
@@ -1007,13 +894,7 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
         keep: false,
     };
     remove_tree(&staging.path);
-    crate::extract::extract_package(&opts.artifact, &staging.path).map_err(|e| match e.reason {
-        Reason::ArchiveInvalid | Reason::UnsafeArchive => {
-            Error::new(Reason::ArtifactInvalid, e.message)
-        }
-        _ => e,
-    })?;
-    let manifest = check_artifact(&staging.path)?;
+    let manifest = artifact::unpack(&opts.artifact, &staging.path)?;
     st.driver_version = Some(manifest.driver_version.clone());
     st.flavor = Some(manifest.flavor);
 
@@ -1120,7 +1001,7 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
     // the manifest's hash, so a root is never replaced in place: a kill -9
     // at any point leaves `current` pointing at a complete root.
     crate::failpoint::hit("install:staged");
-    let manifest_sum = crate::fetch::hash_file(&staging.path.join("manifest.json"))
+    let manifest_sum = crate::files::sha256_file(&staging.path.join("manifest.json"), LOCAL_IO)
         .map(|(sum, _)| sum)
         .map_err(|e| Error::new(Reason::ArtifactInvalid, e.message))?;
     let name = format!(
@@ -1565,59 +1446,5 @@ mod tests {
         assert_eq!(m["hello"].refcount, 0);
         assert!(m["hello"].used_by.is_empty());
         assert_eq!(m["nvidia"].used_by, ["nvidia_uvm"]);
-    }
-
-    #[test]
-    fn artifact_checks() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        assert_eq!(
-            check_artifact(d).unwrap_err().reason,
-            Reason::ArtifactInvalid
-        );
-        fs::create_dir(d.join("modules")).unwrap();
-        fs::write(d.join("modules/a.ko"), b"abc").unwrap();
-        let good = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
-        let manifest = |sum: &str, file: &str| {
-            format!(
-                r#"{{"schemaVersion":1,"driverVersion":"1.0","flavor":"open","kernelRelease":"6.1.0","modules":[{{"name":"a","file":"{file}","sha256":"{sum}"}}],"firmware":[]}}"#
-            )
-        };
-        fs::write(d.join("manifest.json"), manifest(good, "modules/a.ko")).unwrap();
-        assert_eq!(check_artifact(d).unwrap().driver_version, "1.0");
-        fs::write(
-            d.join("manifest.json"),
-            manifest(&"0".repeat(64), "modules/a.ko"),
-        )
-        .unwrap();
-        assert!(check_artifact(d).unwrap_err().message.contains("differs"));
-        fs::write(d.join("manifest.json"), manifest(good, "../a.ko")).unwrap();
-        assert!(check_artifact(d).unwrap_err().message.contains("relative"));
-        fs::write(d.join("manifest.json"), manifest(good, "modules/b.ko")).unwrap();
-        assert!(check_artifact(d).unwrap_err().message.contains("missing"));
-
-        // User-space links must stay in their directory.
-        let with_link = |file: &str, target: &str| {
-            manifest(good, "modules/a.ko").replace(
-                r#""firmware":[]"#,
-                &format!(r#""firmware":[],"links":[{{"file":"{file}","target":"{target}"}}]"#),
-            )
-        };
-        fs::write(
-            d.join("manifest.json"),
-            with_link("usr/lib/libcuda.so.1", "libcuda.so.1.0"),
-        )
-        .unwrap();
-        assert_eq!(check_artifact(d).unwrap().links.len(), 1);
-        for (file, target) in [
-            ("usr/lib/libcuda.so.1", "../../../etc/shadow"),
-            ("usr/lib/libcuda.so.1", ".."),
-            ("../libcuda.so.1", "libcuda.so.1.0"),
-        ] {
-            fs::write(d.join("manifest.json"), with_link(file, target)).unwrap();
-            let e = check_artifact(d).unwrap_err();
-            assert_eq!(e.reason, Reason::ArtifactInvalid, "{file} -> {target}");
-            assert!(e.message.contains("would leave"), "{}", e.message);
-        }
     }
 }

@@ -164,6 +164,16 @@ pub struct ResolveOptions<'a> {
 }
 
 pub fn resolve(opts: &ResolveOptions) -> InstallPlan {
+    let report = detect::detect(&DetectOptions {
+        root: opts.root,
+        catalog: opts.catalog,
+        kernel_release: opts.kernel_release.clone(),
+    });
+    resolve_report(opts, &report)
+}
+
+/// The plan for a host already detected (`run` detects once).
+pub fn resolve_report(opts: &ResolveOptions, report: &HostReport) -> InstallPlan {
     let spec = ResolveSpec {
         host_root: opts.root.path().display().to_string(),
         driver_version: opts.driver_version.clone(),
@@ -171,18 +181,13 @@ pub fn resolve(opts: &ResolveOptions) -> InstallPlan {
         kernel_release_override: opts.kernel_release.clone(),
         catalog: opts.catalog_label.clone(),
     };
-    let report = detect::detect(&DetectOptions {
-        root: opts.root,
-        catalog: opts.catalog,
-        kernel_release: opts.kernel_release.clone(),
-    });
     let mut st = PlanStatus::new(report.status.outcome.clone());
     st.os = report.status.os.clone();
     st.kernel_release = report.status.kernel_release.clone();
     st.gpus = report.status.gpus.clone();
     // Detection already decided NoGpu / UnsupportedOs / read errors.
     if report.status.outcome.phase == Phase::Succeeded {
-        st.outcome = match plan(&mut st, &report, opts) {
+        st.outcome = match plan(&mut st, report, opts) {
             Ok(msg) => Outcome::new(Reason::Resolved, msg),
             Err(e) => Outcome::from_error(&e),
         };

@@ -1,17 +1,439 @@
-//! `run`: the Job's entrypoint. detect → resolve → fetch → build → install
-//! → verify, stopping at the first step that does not succeed; its outcome
-//! is the run's. A node without a GPU is Skipped (NoGpu) right after detect.
+//! The Job's pipeline and the commands built from its steps. `run`:
+//! detect → resolve → fetch → build → install → verify, stopping at the
+//! first step that does not succeed; its outcome is the run's. The host is
+//! detected once and the plan resolved once; the plan's package goes to
+//! fetch and the plan itself to build. A node without a GPU is Skipped
+//! (NoGpu) right after detect; `--artifact` (a prebuilt artifact) skips
+//! resolve, fetch and build.
 //!
-//! The build step is not part of this branch's base yet: without
-//! `--artifact` the run stops after fetch and says so (InvalidArgument);
-//! with `--artifact` (a prebuilt artifact, e.g. from a cluster cache)
-//! resolve, fetch and build are skipped.
+//! [`Config`] is a plain struct: the command line fills it (src/cli.rs),
+//! and nothing here knows about argument parsing.
+
+use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::host::ModuleFlavor;
+use crate::build::{self, BuildOptions, BuildResult};
+use crate::cache::CacheConfig;
+use crate::catalog::Catalog;
+use crate::detect::{self, DetectOptions, DetectSpec, HostReport};
+use crate::error::{Error, Result};
+use crate::fetch::{
+    self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
+};
+use crate::host::{HostRoot, ModuleFlavor};
+use crate::load::{self as install, InstallOptions};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
+use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
+use crate::verify::{self, VerifyOptions};
+
+/// Where packages are cached on the host, so that a later Job finds them.
+pub const PACKAGE_CACHE: &str = "/var/cache/gpu-driver/packages";
+/// Where `run` keeps what it builds and the headers it downloads, on the
+/// host, so that a rerun after a crash finds them.
+pub const BUILD_CACHE: &str = "/var/cache/gpu-driver/builds";
+pub const HEADERS_CACHE: &str = "/var/cache/gpu-driver/headers";
+
+/// Everything a pipeline command needs, independent of how it was asked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub root: HostRoot,
+    /// A catalog file; `None`: the embedded catalog.
+    pub catalog: Option<PathBuf>,
+    /// Target this kernel instead of the running one.
+    pub kernel_release: Option<String>,
+    pub driver_version: Option<String>,
+    pub flavor: FlavorChoice,
+    pub download: Download,
+    /// The artifact cache (`--cache-url`), checked by the step that uses it.
+    pub cache: Option<CacheConfig>,
+    /// Install this prebuilt artifact instead of resolving, fetching and
+    /// building.
+    pub artifact: Option<PathBuf>,
+    pub load: LoadSettings,
+    /// nvidia-smi for the verify step.
+    pub nvidia_smi: Option<PathBuf>,
+}
+
+/// How packages are downloaded.
+#[derive(Debug, Clone, Default)]
+pub struct Download {
+    /// A URL instead of the resolved plan's package.
+    pub url: Option<String>,
+    pub sha256: Option<String>,
+    /// NVIDIA redistrib manifest URL to take the checksum from.
+    pub manifest: Option<String>,
+    pub mirrors: Vec<String>,
+    /// Default: `<host-root>/var/cache/gpu-driver/packages`.
+    pub cache_dir: Option<PathBuf>,
+    pub offline: bool,
+    pub allow_http: bool,
+    pub retry: RetryPolicy,
+    pub timeouts: Timeouts,
+    pub ca_bundle: Option<PathBuf>,
+}
+
+/// How modules are loaded.
+#[derive(Debug, Clone, Default)]
+pub struct LoadSettings {
+    pub module_params: Option<PathBuf>,
+    pub drm: bool,
+    pub peermem: bool,
+    pub force: bool,
+}
+
+impl Config {
+    /// A configuration with every default, for `root`.
+    pub fn new(root: HostRoot) -> Self {
+        Config {
+            root,
+            catalog: None,
+            kernel_release: None,
+            driver_version: None,
+            flavor: FlavorChoice::Auto,
+            download: Download::default(),
+            cache: None,
+            artifact: None,
+            load: LoadSettings {
+                drm: true,
+                ..LoadSettings::default()
+            },
+            nvidia_smi: None,
+        }
+    }
+
+    fn catalog_label(&self) -> String {
+        self.catalog
+            .as_ref()
+            .map_or("embedded".into(), |p| p.display().to_string())
+    }
+
+    fn load_catalog(&self) -> Result<Catalog> {
+        match &self.catalog {
+            Some(p) => Catalog::load(p),
+            None => Catalog::embedded(),
+        }
+    }
+
+    /// The network policy shared by every download of a command.
+    pub fn fetch_options(&self) -> FetchOptions {
+        let d = &self.download;
+        FetchOptions {
+            urls: Vec::new(),
+            sha256: String::new(),
+            cache_dir: d
+                .cache_dir
+                .clone()
+                .unwrap_or_else(|| self.root.join(PACKAGE_CACHE)),
+            offline: d.offline,
+            allow_http: d.allow_http,
+            retry: d.retry,
+            timeouts: d.timeouts,
+            ca_bundle: d.ca_bundle.clone(),
+            progress_bar: true,
+        }
+    }
+
+    fn install_options(&self, artifact: PathBuf) -> InstallOptions<'_> {
+        InstallOptions {
+            root: &self.root,
+            artifact,
+            kernel_release: self.kernel_release.clone(),
+            module_params: self.load.module_params.clone(),
+            drm: self.load.drm,
+            peermem: self.load.peermem,
+            force: self.load.force,
+        }
+    }
+
+    /// The cache configuration, checked; `None` without one.
+    fn checked_cache(&self) -> Result<Option<&CacheConfig>> {
+        match &self.cache {
+            Some(c) => c.check().map(|()| Some(c)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `detect`: the host report.
+pub fn detect(cfg: &Config) -> HostReport {
+    match cfg.load_catalog() {
+        Ok(catalog) => detect_with(cfg, &catalog),
+        Err(e) => detect::detect_failed(
+            DetectSpec {
+                host_root: cfg.root.path().display().to_string(),
+                host_root_source: cfg.root.source(),
+                kernel_release_override: cfg.kernel_release.clone(),
+            },
+            Outcome::from_error(&e),
+        ),
+    }
+}
+
+fn detect_with(cfg: &Config, catalog: &Catalog) -> HostReport {
+    detect::detect(&DetectOptions {
+        root: &cfg.root,
+        catalog,
+        kernel_release: cfg.kernel_release.clone(),
+    })
+}
+
+/// `resolve`: detect, then the install plan.
+pub fn resolve(cfg: &Config) -> InstallPlan {
+    match cfg.load_catalog() {
+        Ok(catalog) => {
+            let report = detect_with(cfg, &catalog);
+            resolve_with(cfg, &catalog, &report)
+        }
+        Err(e) => resolve::plan_failed(resolve_spec(cfg), Outcome::from_error(&e)),
+    }
+}
+
+fn resolve_spec(cfg: &Config) -> ResolveSpec {
+    ResolveSpec {
+        host_root: cfg.root.path().display().to_string(),
+        driver_version: cfg.driver_version.clone(),
+        flavor: cfg.flavor,
+        kernel_release_override: cfg.kernel_release.clone(),
+        catalog: cfg.catalog_label(),
+    }
+}
+
+fn resolve_with(cfg: &Config, catalog: &Catalog, report: &HostReport) -> InstallPlan {
+    resolve::resolve_report(
+        &ResolveOptions {
+            root: &cfg.root,
+            catalog,
+            catalog_label: cfg.catalog_label(),
+            kernel_release: cfg.kernel_release.clone(),
+            driver_version: cfg.driver_version.clone(),
+            flavor: cfg.flavor,
+        },
+        report,
+    )
+}
+
+/// `fetch`: `--url`, else the package of the plan resolved here.
+pub fn fetch(cfg: &Config) -> FetchResult {
+    if cfg.download.url.is_some() {
+        return fetch_step(cfg, None);
+    }
+    let plan = resolve(cfg);
+    fetch_step(cfg, Some(&plan))
+}
+
+/// Downloads `--url` or the plan's package, verified, through the cache's
+/// package mirror when there is a cache.
+fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
+    let opts = cfg.fetch_options();
+    let failed = |e: &Error| {
+        fetch::fetch_package_failed(
+            cfg.download.url.clone().unwrap_or_default(),
+            &opts,
+            Outcome::from_error(e),
+        )
+    };
+    let request = match (&cfg.download.url, plan) {
+        (Some(url), _) => PackageRequest {
+            url: url.clone(),
+            sha256: flag_checksum(cfg),
+            mirrors: cfg.download.mirrors.clone(),
+            version: None,
+            manifest: cfg.download.manifest.clone(),
+        },
+        (None, Some(plan)) => match package_request(cfg, plan) {
+            Ok(r) => r,
+            Err(e) => return failed(&e),
+        },
+        (None, None) => {
+            return failed(&Error::new(
+                Reason::Internal,
+                "fetch without a URL or a plan",
+            ));
+        }
+    };
+    let cache = match cfg.checked_cache() {
+        Ok(c) => c,
+        Err(e) => return failed(&e),
+    };
+    match cache {
+        Some(c) => crate::cache::fetch_with_mirror(c, &request, opts),
+        None => fetch::fetch_package(&request, opts),
+    }
+}
+
+fn flag_checksum(cfg: &Config) -> Option<(String, ChecksumSource)> {
+    cfg.download
+        .sha256
+        .as_ref()
+        .map(|s| (s.clone(), ChecksumSource::Flag))
+}
+
+/// The package of a resolved plan; fails with the plan's own reason.
+fn package_request(cfg: &Config, plan: &InstallPlan) -> Result<PackageRequest> {
+    let outcome = &plan.status.outcome;
+    let package = match (&plan.status.package, outcome.reason) {
+        (Some(p), Reason::Resolved) => p,
+        _ => return Err(Error::new(outcome.reason, outcome.message.clone())),
+    };
+    let mut mirrors = cfg.download.mirrors.clone();
+    mirrors.extend(package.mirrors.iter().cloned());
+    Ok(PackageRequest {
+        url: package.url.clone(),
+        sha256: flag_checksum(cfg).or_else(|| {
+            package
+                .sha256
+                .as_ref()
+                .map(|s| (s.clone(), ChecksumSource::Catalog))
+        }),
+        mirrors,
+        version: plan.status.driver_version.clone(),
+        manifest: cfg.download.manifest.clone(),
+    })
+}
+
+/// `run`'s build step: the fetched package, compiled for the plan's kernel
+/// with the plan's flavor, against installed headers or the headers package
+/// from the OS's repository.
+fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildResult {
+    let st = &plan.status;
+    let root = &cfg.root;
+    let release = st.kernel_release.clone().unwrap_or_default();
+    let mut opts = BuildOptions {
+        source: PathBuf::from(fetched.status.path.clone().unwrap_or_default()),
+        kernel_release: release.clone(),
+        headers: None,
+        root: root.clone(),
+        flavor: st.module_flavor.unwrap_or(ModuleFlavor::Proprietary),
+        out_dir: root.join(BUILD_CACHE),
+        work_dir: None,
+        keep_work: false,
+        jobs: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        driver_version: st.driver_version.clone(),
+        cache: None,
+    };
+    match cfg.checked_cache() {
+        Ok(c) => opts.cache = c.cloned(),
+        Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+    }
+    if let Some(h) = &st.headers {
+        match headers_for(cfg, h, &release) {
+            Ok(dir) => opts.headers = dir,
+            Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+        }
+    }
+    build::build(&opts)
+}
+
+/// The plan's headers: installed ones under the host root, or the OS
+/// repository's package, downloaded once into the host's header cache.
+fn headers_for(cfg: &Config, h: &resolve::Headers, release: &str) -> Result<Option<PathBuf>> {
+    let root = &cfg.root;
+    match h.source {
+        resolve::HeadersSource::Installed => Ok(h.path.as_ref().map(|p| root.join(p))),
+        resolve::HeadersSource::Package => {
+            let scratch = root.join(HEADERS_CACHE).join(release);
+            if scratch.join("usr/src").is_dir() {
+                // Downloaded by an earlier run: the tree is renamed into
+                // place only when complete.
+                return Ok(Some(
+                    scratch
+                        .join("usr/src")
+                        .join(format!("linux-headers-{release}")),
+                ));
+            }
+            crate::headers::fetch_headers(
+                h.repository.as_deref().unwrap_or_default(),
+                h.suite.as_deref().unwrap_or_default(),
+                release,
+                &cfg.fetch_options(),
+                &scratch,
+            )
+            .map(|t| Some(t.arch_dir))
+        }
+    }
+}
+
+/// `install`: load the given artifact.
+pub fn install(cfg: &Config, artifact: &Path) -> install::InstallResult {
+    install::install(&cfg.install_options(artifact.to_path_buf()))
+}
+
+/// `verify`: nvidia-smi against detect and the installed manifest.
+pub fn verify(cfg: &Config, driver_version: Option<String>) -> verify::VerifyResult {
+    verify::verify(&VerifyOptions {
+        root: &cfg.root,
+        nvidia_smi: cfg.nvidia_smi.clone(),
+        driver_version,
+    })
+}
+
+/// `run`: each step's document goes to stderr; the RunResult summarizes.
+pub fn run(cfg: &Config) -> RunResult {
+    let spec = RunSpec {
+        host_root: cfg.root.path().display().to_string(),
+        artifact: cfg.artifact.as_ref().map(|p| p.display().to_string()),
+        driver_version: cfg.driver_version.clone(),
+    };
+    let mut steps = Steps::new();
+    let catalog = match cfg.load_catalog() {
+        Ok(c) => c,
+        Err(e) => return steps.finish(spec, Some(Outcome::from_error(&e))),
+    };
+    let report = detect_with(cfg, &catalog);
+    if !steps.push(Kind::HostReport, &report) {
+        return steps.finish(spec, None);
+    }
+    let artifact = match &cfg.artifact {
+        Some(a) => a.clone(),
+        None => match plan_fetch_build(cfg, &catalog, &report, &mut steps) {
+            Ok(a) => a,
+            Err(outcome) => return steps.finish(spec, outcome),
+        },
+    };
+    let installed = install(cfg, &artifact);
+    if !steps.push(Kind::InstallResult, &installed) {
+        return steps.finish(spec, None);
+    }
+    steps.set_installed(Installed {
+        driver_version: installed.status.driver_version.clone(),
+        flavor: installed.status.flavor,
+        kernel_release: installed.status.kernel_release.clone(),
+    });
+    let verified = verify(cfg, installed.status.driver_version.clone());
+    steps.push(Kind::VerifyResult, &verified);
+    steps.finish(spec, None)
+}
+
+/// resolve → fetch → build; the artifact, or the outcome to end the run
+/// with (`None`: the last step's).
+fn plan_fetch_build(
+    cfg: &Config,
+    catalog: &Catalog,
+    report: &HostReport,
+    steps: &mut Steps,
+) -> std::result::Result<PathBuf, Option<Outcome>> {
+    let plan = resolve_with(cfg, catalog, report);
+    if !steps.push(Kind::InstallPlan, &plan) {
+        return Err(None);
+    }
+    let fetched = fetch_step(cfg, Some(&plan));
+    if !steps.push(Kind::FetchResult, &fetched) {
+        return Err(None);
+    }
+    let built = build_step(cfg, &plan, &fetched);
+    if !steps.push(Kind::BuildResult, &built) {
+        return Err(None);
+    }
+    match &built.status.artifact {
+        Some(a) => Ok(PathBuf::from(a)),
+        None => Err(Some(Outcome::new(
+            Reason::Internal,
+            "build succeeded without an artifact",
+        ))),
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -19,11 +19,47 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use md5::Md5;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::extract::{Checksum, Compression};
 use crate::report::Reason;
+
+/// How a payload is compressed. Detected from magic bytes, never from the
+/// file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    Gzip,
+    Bzip2,
+    Xz,
+    Zstd,
+    /// A plain tar.
+    None,
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compression::Gzip => "gzip",
+            Compression::Bzip2 => "bzip2",
+            Compression::Xz => "xz",
+            Compression::Zstd => "zstd",
+            Compression::None => "uncompressed tar",
+        })
+    }
+}
+
+/// A checksum from a makeself header that was verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Checksum {
+    Md5,
+    Sha256,
+    /// POSIX `cksum` CRC (makeself's `CRCsum`).
+    Cksum,
+}
 
 /// Text before the first NUL byte is read as header; a header larger than
 /// this is not a makeself header.

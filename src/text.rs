@@ -1,5 +1,7 @@
-//! Cutting text for messages, logs and API fields without splitting a
-//! UTF-8 character.
+//! Text for messages, logs and API fields: cuts that never split a UTF-8
+//! character, stderr tails, and RFC 3339 timestamps.
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a char
 /// boundary.
@@ -35,6 +37,29 @@ pub fn tail_lines(s: &str, n: usize) -> String {
         .collect();
     lines.reverse();
     lines.join(" | ")
+}
+
+/// RFC 3339 in UTC with second precision (`2026-12-02T13:21:05Z`), from the
+/// civil-from-days algorithm (H. Hinnant): no time crate needed.
+pub fn rfc3339_utc(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]

@@ -287,7 +287,7 @@ fn root_kernel_release(root: &Path) -> String {
         let p = e.unwrap().path();
         let uts = p.join("include/generated/utsrelease.h");
         if let Ok(t) = fs::read_to_string(&uts) {
-            if let Some(r) = gpu_driver::build::parse_uts_release(&t) {
+            if let Some(r) = gpu_driver::headers::parse_uts_release(&t) {
                 found.push(r);
             }
         }

@@ -10,12 +10,15 @@ use std::time::{Duration, UNIX_EPOCH};
 use gpu_driver::Reason;
 use gpu_driver::build::{
     self, CompilerMatch, EXCERPT_LINES, check_disk, check_proc, check_tools, check_vermagic,
-    choose_compiler, classify_log, compare_compilers, find_common_dir, parse_kconfig_string,
-    parse_makefile_include, parse_nv_version_string, parse_uts_release, parse_version_first_line,
-    parse_version_mk, rfc3339_utc,
+    choose_compiler, classify_log, compare_compilers, parse_nv_version_string,
+    parse_version_first_line, parse_version_mk,
+};
+use gpu_driver::headers::{
+    self, find_common_dir, parse_kconfig_string, parse_makefile_include, parse_uts_release,
 };
 use gpu_driver::host::{HostRoot, HostRootSource};
 use gpu_driver::modinfo::{parse_modinfo, read_modinfo};
+use gpu_driver::text::rfc3339_utc;
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -249,7 +252,7 @@ fn common_dir_is_found_inside_the_host_root_or_beside_the_arch_dir() {
     assert_eq!(find_common_dir(&arch, &root(), rel), Some(common.clone()));
 
     // Debian bookworm's kernel.release holds 6.1.176: UTS_RELEASE decides.
-    let h = build::inspect_headers(&arch, &hr, rel).unwrap();
+    let h = headers::inspect_headers(&arch, &hr, rel).unwrap();
     assert_eq!(h.release, rel);
     assert_eq!(h.common_dir, common);
     assert_eq!(
@@ -258,7 +261,7 @@ fn common_dir_is_found_inside_the_host_root_or_beside_the_arch_dir() {
     );
 
     // Another release's headers.
-    let e = build::inspect_headers(&arch, &hr, "6.1.0-51-cloud-amd64").unwrap_err();
+    let e = headers::inspect_headers(&arch, &hr, "6.1.0-51-cloud-amd64").unwrap_err();
     assert_eq!(e.reason, Reason::KernelHeadersMismatch);
     assert!(
         e.message
@@ -269,7 +272,7 @@ fn common_dir_is_found_inside_the_host_root_or_beside_the_arch_dir() {
 
     // No common part anywhere: incomplete.
     fs::remove_dir_all(&common).unwrap();
-    let e = build::inspect_headers(&arch, &hr, rel).unwrap_err();
+    let e = headers::inspect_headers(&arch, &hr, rel).unwrap_err();
     assert_eq!(e.reason, Reason::KernelHeadersMismatch);
     assert!(e.message.contains("incomplete"), "{}", e.message);
 }
@@ -281,7 +284,7 @@ fn a_full_tree_is_its_own_common_dir() {
     fs::create_dir_all(dir.path().join("include/config")).unwrap();
     fs::write(dir.path().join("Makefile"), "VERSION = 6\n").unwrap();
     fs::write(dir.path().join("include/config/kernel.release"), "6.6.1\n").unwrap();
-    let h = build::inspect_headers(dir.path(), &root(), "6.6.1").unwrap();
+    let h = headers::inspect_headers(dir.path(), &root(), "6.6.1").unwrap();
     assert_eq!(h.common_dir, dir.path());
     assert_eq!(h.cc_version_text, None);
 }
@@ -291,7 +294,7 @@ fn headers_lookup_under_the_host_root() {
     let host = tempfile::tempdir().unwrap();
     let rel = "6.1.0-50-cloud-amd64";
     let hr = HostRoot::new(host.path(), HostRootSource::Flag);
-    let e = build::locate_headers(None, &hr, rel).unwrap_err();
+    let e = headers::locate_headers(None, &hr, rel).unwrap_err();
     assert_eq!(e.reason, Reason::KernelHeadersNotFound);
     assert!(
         e.message.contains("linux-headers-6.1.0-50-cloud-amd64"),
@@ -299,10 +302,10 @@ fn headers_lookup_under_the_host_root() {
         e.message
     );
     let arch = debian_headers(host.path(), rel, rel, "6.1.176\n");
-    assert_eq!(build::locate_headers(None, &hr, rel).unwrap(), arch);
+    assert_eq!(headers::locate_headers(None, &hr, rel).unwrap(), arch);
     let missing = host.path().join("nope");
     assert_eq!(
-        build::locate_headers(Some(&missing), &hr, rel)
+        headers::locate_headers(Some(&missing), &hr, rel)
             .unwrap_err()
             .reason,
         Reason::KernelHeadersNotFound
