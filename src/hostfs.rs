@@ -159,7 +159,8 @@ impl HostFs {
 
     /// A character device node `major:minor` with `mode` at `rel`; one
     /// with these numbers already there is left alone, anything else is
-    /// replaced (by renaming a fresh node over it). The parent must exist.
+    /// replaced (by renaming a fresh node over it). Parents are created
+    /// (a host root without `/dev` of its own, or a dangling `dev` link).
     pub fn mknod_char(
         &self,
         rel: impl AsRef<Path>,
@@ -169,9 +170,7 @@ impl HostFs {
     ) -> Result<()> {
         let rel = rel.as_ref();
         let (parent, name) = split(rel)?;
-        let dir = self
-            .open_dir(&parent)
-            .map_err(|e| self.err("opening", &parent, e))?;
+        let dir = self.mkdirs(&parent)?;
         let dev = stat::makedev(u64::from(major), u64::from(minor));
         if let Ok(Kind::CharDevice { rdev }) = kind_at(&dir, &name) {
             if rdev == dev {
@@ -573,8 +572,8 @@ fn list(dir: &mut nix::dir::Dir) -> nix::Result<Vec<OsString>> {
 fn remove_at(dir: &impl AsFd, name: &OsStr) -> std::result::Result<(), (PathBuf, Errno)> {
     let fail = |e| (PathBuf::from(name), e);
     match kind_at(dir, name) {
-        Err(Errno::ENOENT) => return Ok(()),
-        Err(e) => return Err(fail(e)),
+        Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(fail(e)),
         Ok(Kind::Dir) => {
             let fd = fcntl::openat(
                 dir,
@@ -646,8 +645,8 @@ mod tests {
                 fs::create_dir_all(at.parent().unwrap()).unwrap();
                 symlink(&target, &at).unwrap();
             }
-            // Where the targets resolve in the root (chroot terms), made
-            // only for `dev` so that mknod has a parent.
+            // Where `dev` resolves in the root (chroot terms) exists; the
+            // other targets are dangling there and get created.
             fs::create_dir_all(t.inside(&o.join("dev"))).unwrap();
             t
         }
@@ -781,9 +780,11 @@ mod tests {
         let meta = fs::symlink_metadata(t.o().join("dev/nvidia0")).unwrap();
         assert_eq!(meta.rdev(), stat::makedev(195, 1));
         assert_eq!(names(&t.o().join("dev")), ["nvidia0", "nvidiactl"]);
-        // A missing parent is an error naming it, not a node elsewhere.
+        // A parent in the way is an error naming it, not a node elsewhere.
+        fs::write(t.root.path().join("nodev"), b"").unwrap();
         let e = fs_.mknod_char("/nodev/x", 1, 1, 0o666).unwrap_err();
         assert!(e.message.contains("/nodev"), "{e}");
+        t.assert_outside_untouched();
     }
 
     #[test]
