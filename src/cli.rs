@@ -13,7 +13,7 @@ use crate::build::{self, BuildOptions};
 use crate::error::{Error, Result};
 use crate::fetch::{RetryPolicy, Timeouts};
 use crate::host::{HostRoot, HostRootSource, ModuleFlavor};
-use crate::load::{self, UninstallOptions};
+use crate::install::{self, UninstallOptions};
 use crate::report::{self, Kind, Reason, ResultDocument};
 use crate::resolve::FlavorChoice;
 use crate::run::{self, Config, Download, LoadSettings};
@@ -371,7 +371,7 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         }
         Command::Uninstall(args) => {
             let root = host_root(g);
-            let doc = load::uninstall(&UninstallOptions {
+            let doc = install::uninstall(&UninstallOptions {
                 root: &root,
                 modules: args.modules.clone(),
                 force: args.force,

@@ -1,39 +1,47 @@
 //! `install` and `uninstall`: put a build artifact's modules into the running
 //! kernel, safely.
 //!
-//! Order of events for `install`:
+//! Order of events for `install` (one function each, in
+//! `install_inner`'s order):
 //!
 //! 1. preflight: root (`NotRoot`); the host lock
 //!    `<host-root>/run/gpu-driver/install.lock` (flock) so two installers
 //!    never race;
-//! 2. the artifact (a `.tar.zst`/`.tar*` or a directory holding
+//! 2. unpack: the artifact (a `.tar.zst`/`.tar*` or a directory holding
 //!    `manifest.json`, `modules/*.ko`, optional `firmware/`) is unpacked into
 //!    a staging directory beside the driver roots and every file's sha256 is
 //!    checked against the manifest (`ArtifactInvalid`);
-//! 3. every module's vermagic (read from its `.modinfo` in Rust) must name
-//!    the running kernel release, else `VermagicMismatch` — before anything
-//!    is loaded or placed;
-//! 4. `/proc/modules`: the same version already loaded → `AlreadyInstalled`,
-//!    nothing reloaded; another version (or nouveau) loaded and unused →
-//!    unloaded in reverse dependency order; in use → `DriverInUse` unless
-//!    `--force`;
-//! 5. the staging directory is renamed to the versioned driver root
-//!    `<host-root>/var/lib/gpu-driver/drivers/<version>-<flavor>-<release>`;
-//! 6. firmware path, then `finit_module` in dependency order (nvidia,
+//! 3. check vermagic: every module's vermagic (read from its `.modinfo` in
+//!    Rust) must name the running kernel release, else `VermagicMismatch` —
+//!    before anything is loaded or placed;
+//! 4. select: `--no-drm`, `--peermem`, and the load order;
+//! 5. find conflicts in `/proc/modules`: the same version already loaded →
+//!    left alone (`AlreadyInstalled` when all are); another version (or
+//!    nouveau) loaded and unused → unloaded in reverse dependency order; in
+//!    use → `DriverInUse` unless `--force`;
+//! 6. place root: the staging directory is renamed to the versioned driver
+//!    root `<host-root>/var/lib/gpu-driver/drivers/<version>-<flavor>-<release>-<hash>`;
+//! 7. firmware path, then load: `finit_module` in dependency order (nvidia,
 //!    nvidia-uvm, nvidia-modeset, nvidia-drm, nvidia-peermem with
 //!    `--peermem`), with parameters from `--module-params`. A refusal reads
 //!    the kernel's log records written since the attempt from `/dev/kmsg`
 //!    and quotes them; modules loaded earlier in the same run are unloaded
 //!    again, so a failed install leaves the kernel as it found it;
-//! 7. device nodes from `/proc/devices`, then the `current` symlink is
-//!    switched by rename.
+//! 8. device nodes from `/proc/devices`, then the `current` symlink is
+//!    switched by rename and the user space registered.
+//!
+//! Every write under the host root (lock, staging, renames, links, device
+//! nodes, `ld.so.conf.d`, removals) goes through [`crate::hostfs`], which
+//! resolves paths inside the root: a link such as `var/lib -> /elsewhere`
+//! in the host root never leads a write outside it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use nix::errno::Errno;
 use nix::kmod::{DeleteModuleFlags, ModuleInitFlags};
@@ -43,6 +51,7 @@ use serde::{Deserialize, Serialize};
 use crate::artifact::{self, Manifest};
 use crate::error::{Error, Result};
 use crate::host::{self, HostRoot, ModuleFlavor, PciRole};
+use crate::hostfs::{HostFs, Kind as FsKind};
 use crate::modinfo::{self, ModInfo};
 use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
 
@@ -403,38 +412,6 @@ fn check_root() -> Result<()> {
     }
 }
 
-/// The host lock, held until dropped. Waits (and says so) when another
-/// installer holds it.
-pub fn host_lock(root: &HostRoot) -> Result<nix::fcntl::Flock<File>> {
-    use nix::fcntl::{Flock, FlockArg};
-    let path = root.join(LOCK_PATH);
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).map_err(|e| Error::io(LOCAL_IO, "creating", dir, e))?;
-    }
-    let open = || {
-        OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(LOCAL_IO, "opening lock", &path, e))
-    };
-    match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => return Ok(lock),
-        Err((_, Errno::EWOULDBLOCK)) => {
-            tracing::info!("another installer holds {}; waiting for it", path.display());
-        }
-        Err((_, errno)) => {
-            return Err(Error::new(
-                LOCAL_IO,
-                format!("locking {}: {errno}", path.display()),
-            ));
-        }
-    }
-    Flock::lock(open()?, FlockArg::LockExclusive)
-        .map_err(|(_, errno)| Error::new(LOCAL_IO, format!("locking {}: {errno}", path.display())))
-}
-
 fn errno_text(e: Errno) -> String {
     format!("{e:?}: {}", e.desc())
 }
@@ -590,65 +567,71 @@ fn unload_all(
     Ok(done)
 }
 
-fn remove_tree(path: &Path) {
-    if let Err(e) = fs::remove_dir_all(path) {
-        if e.kind() != ErrorKind::NotFound {
-            tracing::warn!("removing {}: {e}", path.display());
-        }
-    }
-}
-
-/// A staging directory that removes itself unless kept.
-struct Staging {
+/// A staging directory beside the driver roots that removes itself unless
+/// kept (renamed into place).
+struct Staging<'a> {
+    fs: &'a HostFs,
+    /// Relative to the host root, for confined changes.
+    rel: PathBuf,
+    /// Its real path, for the extractor and for reading.
     path: PathBuf,
+    /// The real path of the driver roots' directory.
+    drivers: PathBuf,
     keep: bool,
 }
 
-impl Drop for Staging {
+impl Drop for Staging<'_> {
     fn drop(&mut self) {
         if !self.keep {
-            remove_tree(&self.path);
+            if let Err(e) = self.fs.remove_all(&self.rel) {
+                tracing::warn!("{e}");
+            }
         }
     }
 }
 
-fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
+/// `DRIVERS_DIR/<name>`, relative to the host root.
+fn in_drivers(name: impl AsRef<Path>) -> PathBuf {
+    Path::new(DRIVERS_DIR).join(name)
+}
+
+/// Removes a tree under the driver roots, saying why; a failure is logged
+/// (a leftover is retried by the next run).
+fn remove_logged(fs: &HostFs, name: &OsStr, why: &str) {
+    let rel = in_drivers(name);
+    tracing::info!("removing {} ({why})", fs.host().join(&rel).display());
+    if let Err(e) = fs.remove_all(&rel) {
+        tracing::warn!("{e}");
     }
 }
 
 /// Staging directories, moved-aside roots and temporary links of runs that
 /// were killed; called with the host lock held, so none is in use.
-fn remove_leftovers(drivers: &Path) {
-    let Ok(entries) = fs::read_dir(drivers) else {
+fn remove_leftovers(fs: &HostFs) {
+    let Ok(entries) = fs.read_dir(DRIVERS_DIR) else {
         return;
     };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(".staging-") || name.starts_with(".old-") {
-            tracing::info!(
-                "removing {} (left by an interrupted run)",
-                e.path().display()
-            );
-            remove_tree(&e.path());
-        } else if name.starts_with(".current.") {
-            let _ = fs::remove_file(e.path());
+    for (name, _) in entries {
+        let text = name.to_string_lossy();
+        if [".staging-", ".old-", ".current."]
+            .iter()
+            .any(|p| text.starts_with(p))
+        {
+            remove_logged(fs, &name, "left by an interrupted run");
         }
     }
 }
 
 /// Keeps the current and the previous driver root (to go back to); older
 /// roots go.
-fn collect_garbage(drivers: &Path, current: &str, previous: Option<&Path>) {
+fn collect_garbage(fs: &HostFs, current: &str, previous: Option<&Path>) {
     let keep_prev = previous
         .and_then(|p| p.file_name())
         .map(|n| n.to_os_string());
-    let Ok(entries) = fs::read_dir(drivers) else {
+    let Ok(entries) = fs.read_dir(DRIVERS_DIR) else {
         return;
     };
-    for e in entries.flatten() {
-        let name = e.file_name();
+    for (name, kind) in entries {
         if name == "current"
             || name == current
             || keep_prev.as_ref() == Some(&name)
@@ -656,9 +639,8 @@ fn collect_garbage(drivers: &Path, current: &str, previous: Option<&Path>) {
         {
             continue;
         }
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            tracing::info!("removing old driver root {}", e.path().display());
-            remove_tree(&e.path());
+        if kind == FsKind::Dir {
+            remove_logged(fs, &name, "an old driver root");
         }
     }
 }
@@ -677,24 +659,16 @@ fn root_intact(dir: &Path, manifest: &Manifest) -> bool {
 }
 
 /// Gives the user space its modes and creates its links, in the staging
-/// directory. Returns what was placed.
-fn place_user_space(staged: &Path, manifest: &Manifest) -> Result<Vec<String>> {
+/// directory (`staged`, relative to the host root). Returns what was
+/// placed.
+fn place_user_space(fs: &HostFs, staged: &Path, manifest: &Manifest) -> Result<Vec<String>> {
     let mut placed = Vec::new();
     for e in &manifest.user_space {
-        let path = staged.join(&e.file);
-        let mode = e.mode & 0o755;
-        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-            .map_err(|err| Error::io(LOCAL_IO, "chmod", &path, err))?;
+        fs.set_mode(staged.join(&e.file), e.mode & 0o755)?;
         placed.push(e.file.clone());
     }
     for l in &manifest.links {
-        let path = staged.join(&l.file);
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(|e| Error::io(LOCAL_IO, "creating", dir, e))?;
-        }
-        let _ = fs::remove_file(&path);
-        std::os::unix::fs::symlink(&l.target, &path)
-            .map_err(|e| Error::io(LOCAL_IO, "creating", &path, e))?;
+        fs.replace_symlink(staged.join(&l.file), &l.target)?;
         placed.push(l.file.clone());
     }
     Ok(placed)
@@ -704,65 +678,32 @@ fn place_user_space(staged: &Path, manifest: &Manifest) -> Result<Vec<String>> {
 /// `ld.so.conf.d` entry, ldconfig, `/run/nvidia/driver`. Failures are
 /// notes: the modules are loaded, and verify runs nvidia-smi with the
 /// driver root's library path regardless.
-fn register_user_space(root: &HostRoot, st: &mut InstallStatus) {
-    let current = Path::new(DRIVERS_DIR).join("current");
+fn register_user_space(run: &Run, st: &mut InstallStatus) {
+    use crate::userspace::{self, LD_SO_CONF, RUN_NVIDIA_DRIVER};
+    let current = in_drivers("current");
     let Some(us) = st.user_space.as_mut() else {
         return;
     };
-    let conf = root.join(crate::userspace::LD_SO_CONF);
-    match crate::userspace::write_atomic(&conf, &crate::userspace::ld_so_conf_text(&current)) {
-        Ok(()) => us.ld_so_conf = Some(crate::userspace::LD_SO_CONF.to_string()),
+    match userspace::write_ld_so_conf(&run.fs, &current) {
+        Ok(()) => us.ld_so_conf = Some(LD_SO_CONF.to_string()),
         Err(e) => st
             .notes
             .push(format!("ld.so.conf.d entry not written: {e}")),
     }
-    match crate::userspace::run_ldconfig(root) {
+    match userspace::run_ldconfig(run.root) {
         Ok(cmd) => us.ldconfig = Some(cmd),
         Err(e) => {
             us.ldconfig = Some(format!("failed: {e}"));
             st.notes.push(format!("ldconfig: {e}"));
         }
     }
-    match crate::userspace::link_run_nvidia_driver(root, &current) {
-        Ok(true) => us.run_nvidia_driver = Some(crate::userspace::RUN_NVIDIA_DRIVER.to_string()),
+    match userspace::link_run_nvidia_driver(&run.fs, &current) {
+        Ok(true) => us.run_nvidia_driver = Some(RUN_NVIDIA_DRIVER.to_string()),
         Ok(false) => st.notes.push(format!(
-            "{} exists and is not a link (another driver container?); left alone",
-            crate::userspace::RUN_NVIDIA_DRIVER
+            "{RUN_NVIDIA_DRIVER} exists and is not a link (another driver container?); left alone"
         )),
-        Err(e) => st
-            .notes
-            .push(format!("{}: {e}", crate::userspace::RUN_NVIDIA_DRIVER)),
+        Err(e) => st.notes.push(format!("{RUN_NVIDIA_DRIVER}: {e}")),
     }
-}
-
-/// `<drivers>/current` → `name`, switched by renaming a fresh link over it.
-fn switch_current(drivers: &Path, name: &str) -> Result<()> {
-    crate::userspace::replace_symlink(&drivers.join("current"), Path::new(name))
-}
-
-/// A character device node with mode 0666; an existing node with the right
-/// numbers is left alone, anything else at the path is replaced.
-fn ensure_char_node(path: &Path, major: u32, minor: u32) -> Result<()> {
-    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
-    let want = makedev(u64::from(major), u64::from(minor));
-    if let Ok(meta) = fs::symlink_metadata(path) {
-        if meta.file_type().is_char_device() && meta.rdev() == want {
-            return Ok(());
-        }
-        fs::remove_file(path).map_err(|e| Error::io(LOCAL_IO, "replacing", path, e))?;
-    }
-    mknod(path, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), want).map_err(|e| {
-        Error::new(
-            LOCAL_IO,
-            format!(
-                "mknod {} ({major}:{minor}): {}",
-                path.display(),
-                errno_text(e)
-            ),
-        )
-    })?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o666))
-        .map_err(|e| Error::io(LOCAL_IO, "chmod", path, e))
 }
 
 /// The device nodes NVIDIA's user space expects (what `nvidia-modprobe`
@@ -812,8 +753,9 @@ fn gpu_count(root: &HostRoot) -> Result<usize> {
 }
 
 /// GSP firmware is requested as `nvidia/<version>/<file>`: flat
-/// `firmware/<file>` entries are moved under that path.
-fn arrange_firmware(staged: &Path, manifest: &Manifest) -> Result<()> {
+/// `firmware/<file>` entries are moved under that path, in the staging
+/// directory (`staged`, relative to the host root).
+fn arrange_firmware(fs: &HostFs, staged: &Path, manifest: &Manifest) -> Result<()> {
     let target = staged
         .join("firmware/nvidia")
         .join(&manifest.driver_version);
@@ -825,12 +767,23 @@ fn arrange_firmware(staged: &Path, manifest: &Manifest) -> Result<()> {
         let Some(name) = rel.file_name() else {
             continue;
         };
-        fs::create_dir_all(&target).map_err(|e| Error::io(LOCAL_IO, "creating", &target, e))?;
-        let from = staged.join(rel);
-        let to = target.join(name);
-        fs::rename(&from, &to).map_err(|e| Error::io(LOCAL_IO, "moving", &from, e))?;
+        fs.create_dir_all(&target)?;
+        fs.rename(staged.join(rel), target.join(name))?;
     }
     Ok(())
+}
+
+/// Writes a kernel parameter file: through the host root when it carries
+/// that kernel interface (confined like every other write there), else
+/// our own, which describes the same kernel (see
+/// [`HostRoot::kernel_path`]).
+fn write_kernel_param(run: &Run, rel: &str, value: &str) -> Result<()> {
+    let path = run.root.kernel_path(rel);
+    if path == run.root.join(rel) {
+        run.fs.write_existing(rel, value.as_bytes())
+    } else {
+        fs::write(&path, value).map_err(|e| Error::io(LOCAL_IO, "writing", &path, e))
+    }
 }
 
 // ------------------------------------------------------------ install
@@ -861,15 +814,63 @@ pub fn install_failed(spec: InstallSpec, outcome: Outcome) -> InstallResult {
     Document::new(Kind::InstallResult, spec, status)
 }
 
+/// What every step of one install reads.
+struct Run<'a> {
+    opts: &'a InstallOptions<'a>,
+    root: &'a HostRoot,
+    /// Every write under the host root goes through it.
+    fs: HostFs,
+    /// The kernel the modules must be built for.
+    release: String,
+    /// `--module-params`, by module.
+    params: BTreeMap<String, String>,
+}
+
 struct Selected {
     info: ModInfo,
     /// Path inside the artifact (and the driver root).
     rel: String,
 }
 
+/// The modules to load: by name, and in load order.
+struct Selection<'a> {
+    order: Vec<String>,
+    by_name: BTreeMap<&'a str, &'a Selected>,
+}
+
+/// The driver root in place.
+struct Placed {
+    name: String,
+    /// As the host sees it: `/var/lib/gpu-driver/drivers/<name>`.
+    host_dir: PathBuf,
+    /// Its real path (links resolved inside the host root), for reading.
+    real_dir: PathBuf,
+    has_user_space: bool,
+}
+
+/// The steps, in order; the first failure ends the install. Each step
+/// that changes the host is a rename of something complete, so a kill at
+/// any point leaves `current` on a complete root (docs/install.md).
 fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcome> {
-    let root = opts.root;
     check_root()?;
+    let run = prepare(opts, st)?;
+    let _lock = run.fs.lock(LOCK_PATH)?;
+    let (staging, manifest) = unpack(&run, st)?;
+    let all = check_vermagic(&run, &staging, &manifest, st)?;
+    let sel = select(&run, &all, st);
+    let same = find_conflicts(&run, &sel, st)?;
+    let placed = place_root(&run, staging, &manifest, st)?;
+    set_firmware_path(&run, &manifest, &placed, st);
+    let loaded_now = load_modules(&run, &sel, &same, &placed, st)?;
+    make_device_nodes(&run, &sel, st)?;
+    crate::failpoint::hit("install:loaded");
+    switch_current(&run, &placed, st)?;
+    Ok(outcome(&run, &manifest, &placed, &same, &loaded_now, st))
+}
+
+/// The kernel release, the module parameters, the host root's handle.
+fn prepare<'a>(opts: &'a InstallOptions<'a>, st: &mut InstallStatus) -> Result<Run<'a>> {
+    let root = opts.root;
     let release = match &opts.kernel_release {
         Some(r) => r.clone(),
         None => host::read_kernel_release(root)?,
@@ -882,23 +883,46 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
         )?,
         None => BTreeMap::new(),
     };
-    let _lock = host_lock(root)?;
+    Ok(Run {
+        opts,
+        root,
+        fs: root.fs()?,
+        release,
+        params,
+    })
+}
 
-    // Unpack and check the artifact beside the driver roots.
-    let drivers = root.join(DRIVERS_DIR);
-    fs::create_dir_all(&drivers).map_err(|e| Error::io(LOCAL_IO, "creating", &drivers, e))?;
+/// Unpacks and checks the artifact in a staging directory beside the
+/// driver roots (so that placing it is a rename).
+fn unpack<'a>(run: &'a Run, st: &mut InstallStatus) -> Result<(Staging<'a>, Manifest)> {
+    // The extractor writes with std::fs: it gets the real path, links
+    // already resolved inside the host root.
+    let drivers = run.fs.real_dir(DRIVERS_DIR)?;
     // Under the lock, anything half-made is a killed run's leftover.
-    remove_leftovers(&drivers);
-    let mut staging = Staging {
-        path: drivers.join(format!(".staging-{}", std::process::id())),
+    remove_leftovers(&run.fs);
+    let name = format!(".staging-{}", std::process::id());
+    let staging = Staging {
+        fs: &run.fs,
+        rel: in_drivers(&name),
+        path: drivers.join(&name),
+        drivers,
         keep: false,
     };
-    remove_tree(&staging.path);
-    let manifest = artifact::unpack(&opts.artifact, &staging.path)?;
+    run.fs.remove_all(&staging.rel)?;
+    let manifest = artifact::unpack(&run.opts.artifact, &staging.path)?;
     st.driver_version = Some(manifest.driver_version.clone());
     st.flavor = Some(manifest.flavor);
+    Ok((staging, manifest))
+}
 
-    // Every module's vermagic, before anything is placed or loaded.
+/// Every module's vermagic must name the running kernel, before anything
+/// is placed or loaded.
+fn check_vermagic(
+    run: &Run,
+    staging: &Staging,
+    manifest: &Manifest,
+    st: &mut InstallStatus,
+) -> Result<Vec<Selected>> {
     let mut all = Vec::new();
     for entry in &manifest.modules {
         let path = staging.path.join(&entry.file);
@@ -909,6 +933,7 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
             rel: entry.file.clone(),
         });
     }
+    let release = &run.release;
     let wrong: Vec<String> = all
         .iter()
         .filter(|m| m.info.vermagic_release() != release)
@@ -921,7 +946,7 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
             vermagic: Some(m.info.vermagic.trim().to_string()),
             version: m.info.version.clone(),
             action: ModuleAction::NotLoaded,
-            params: params.get(&m.info.name).cloned(),
+            params: run.params.get(&m.info.name).cloned(),
             errno: None,
         });
     }
@@ -936,8 +961,12 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
         )
         .with_hint("build the modules for this kernel (gpu-driver-installer build)"));
     }
+    Ok(all)
+}
 
-    // Selection and order.
+/// The modules to load (`--no-drm`, `--peermem`) and their order.
+fn select<'a>(run: &Run, all: &'a [Selected], st: &mut InstallStatus) -> Selection<'a> {
+    let opts = run.opts;
     let skip =
         |n: &str| (n == "nvidia_drm" && !opts.drm) || (n == "nvidia_peermem" && !opts.peermem);
     let selected: Vec<&Selected> = all.iter().filter(|m| !skip(&m.info.name)).collect();
@@ -950,18 +979,22 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
             .map(|m| (m.info.name.clone(), m.info.depends.clone()))
             .collect::<Vec<_>>(),
     );
-    let by_name: BTreeMap<&str, &Selected> = selected
+    let by_name = selected
         .iter()
         .map(|m| (m.info.name.as_str(), *m))
         .collect();
+    Selection { order, by_name }
+}
 
-    // What is loaded already.
-    let loaded = read_modules(root)?;
+/// What is loaded already: the same version is left alone (returned);
+/// another version of the stack, or nouveau, is unloaded when unused.
+fn find_conflicts(run: &Run, sel: &Selection, st: &mut InstallStatus) -> Result<BTreeSet<String>> {
+    let loaded = read_modules(run.root)?;
     let mut same = BTreeSet::new();
     let mut conflicting = BTreeSet::new();
-    for m in &selected {
+    for m in sel.by_name.values() {
         if loaded.contains_key(&m.info.name) {
-            if same_as_loaded(root, &m.info) {
+            if same_as_loaded(run.root, &m.info) {
                 same.insert(m.info.name.clone());
             } else {
                 conflicting.insert(m.info.name.clone());
@@ -977,12 +1010,12 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
             }
         }
     }
-    if by_name.contains_key("nvidia") && loaded.contains_key("nouveau") {
+    if sel.by_name.contains_key("nvidia") && loaded.contains_key("nouveau") {
         conflicting.insert("nouveau".into());
     }
     if !conflicting.is_empty() {
         let busy = in_use(&conflicting, &loaded);
-        if !busy.is_empty() && !opts.force {
+        if !busy.is_empty() && !run.opts.force {
             return Err(Error::new(
                 Reason::DriverInUse,
                 format!(
@@ -996,10 +1029,19 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
         }
         st.replaced = unload_all(&conflicting, &loaded)?;
     }
+    Ok(same)
+}
 
-    // Place the driver root (modules load from there). Its name carries
-    // the manifest's hash, so a root is never replaced in place: a kill -9
-    // at any point leaves `current` pointing at a complete root.
+/// Renames the staging directory to the driver root (modules load from
+/// there). Its name carries the manifest's hash, so a root is never
+/// replaced in place: a kill -9 at any point leaves `current` pointing at
+/// a complete root.
+fn place_root(
+    run: &Run,
+    mut staging: Staging,
+    manifest: &Manifest,
+    st: &mut InstallStatus,
+) -> Result<Placed> {
     crate::failpoint::hit("install:staged");
     let manifest_sum = crate::files::sha256_file(&staging.path.join("manifest.json"), LOCAL_IO)
         .map(|(sum, _)| sum)
@@ -1008,179 +1050,231 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
         "{}-{}-{}-{}",
         manifest.driver_version,
         manifest.flavor,
-        release,
+        run.release,
         &manifest_sum[..12.min(manifest_sum.len())]
     );
-    let final_dir = drivers.join(&name);
-    arrange_firmware(&staging.path, &manifest)?;
-    let placed = place_user_space(&staging.path, &manifest)?;
+    arrange_firmware(&run.fs, &staging.rel, manifest)?;
+    let files = place_user_space(&run.fs, &staging.rel, manifest)?;
     let has_user_space = staging
         .path
         .join(crate::userspace::BIN_DIR)
         .join("nvidia-smi")
         .is_file();
-    if final_dir.exists() && root_intact(&final_dir, &manifest) {
+    let host_dir = in_drivers(&name);
+    let real_dir = staging.drivers.join(&name);
+    if real_dir.is_dir() && root_intact(&real_dir, manifest) {
         // The same artifact was placed before (maybe by a run that was
         // killed later): keep it, it may be in use.
-        tracing::info!("{} is already in place", final_dir.display());
+        tracing::info!("{} is already in place", real_dir.display());
     } else {
-        if final_dir.exists() {
-            let old = drivers.join(format!(".old-{name}-{}", std::process::id()));
-            fs::rename(&final_dir, &old)
-                .map_err(|e| Error::io(LOCAL_IO, "moving aside", &final_dir, e))?;
+        if run.fs.kind(&host_dir)?.is_some() {
+            let old = in_drivers(format!(".old-{name}-{}", std::process::id()));
+            run.fs.rename(&host_dir, &old)?;
             st.notes.push(format!(
                 "{} was damaged and is replaced",
-                final_dir.display()
+                run.root.join(&host_dir).display()
             ));
         }
-        fs::rename(&staging.path, &final_dir)
-            .map_err(|e| Error::io(LOCAL_IO, "renaming into place", &final_dir, e))?;
+        run.fs.rename(&staging.rel, &host_dir)?;
         staging.keep = true;
-        sync_dir(&drivers);
     }
     crate::failpoint::hit("install:placed");
-    let host_dir = Path::new(DRIVERS_DIR).join(&name);
     st.driver_root = Some(host_dir.display().to_string());
-    st.user_space = Some(if has_user_space {
-        UserSpace {
-            present: true,
-            note: format!(
-                "nvidia-smi and NVIDIA's libraries are in {}",
-                host_dir.display()
-            ),
-            files: placed,
-            ld_so_conf: None,
-            ldconfig: None,
-            run_nvidia_driver: None,
-        }
+    st.user_space = Some(user_space_status(has_user_space, &host_dir, files));
+    Ok(Placed {
+        name,
+        host_dir,
+        real_dir,
+        has_user_space,
+    })
+}
+
+fn user_space_status(present: bool, host_dir: &Path, files: Vec<String>) -> UserSpace {
+    let note = if present {
+        format!(
+            "nvidia-smi and NVIDIA's libraries are in {}",
+            host_dir.display()
+        )
     } else {
-        UserSpace {
-            present: false,
-            note: "the artifact has no user space (nvidia-smi, libcuda, libnvidia-ml): it was built from module sources without one (Debian's module-source packages never have it); install NVIDIA's user space separately (into usr/bin and usr/lib of the driver root) for verify".into(),
-            files: placed,
-            ld_so_conf: None,
-            ldconfig: None,
-            run_nvidia_driver: None,
-        }
-    });
-
-    // Firmware search path.
-    if !manifest.firmware.is_empty() {
-        let fw = host_dir.join("firmware").display().to_string();
-        let param = root.kernel_path("/sys/module/firmware_class/parameters/path");
-        match fs::write(&param, &fw) {
-            Ok(()) => st.firmware_path = Some(fw),
-            Err(e) => st.notes.push(format!(
-                "firmware path not set: writing {}: {e}",
-                param.display()
-            )),
-        }
+        "the artifact has no user space (nvidia-smi, libcuda, libnvidia-ml): it was built from module sources without one (Debian's module-source packages never have it); install NVIDIA's user space separately (into usr/bin and usr/lib of the driver root) for verify".into()
+    };
+    UserSpace {
+        present,
+        note,
+        files,
+        ld_so_conf: None,
+        ldconfig: None,
+        run_nvidia_driver: None,
     }
+}
 
-    // Load.
-    let kmsg = root.kernel_path("/dev/kmsg");
+/// Points the kernel's firmware search path at the driver root's
+/// `firmware` directory; a failure is a note.
+fn set_firmware_path(run: &Run, manifest: &Manifest, placed: &Placed, st: &mut InstallStatus) {
+    if manifest.firmware.is_empty() {
+        return;
+    }
+    let fw = placed.host_dir.join("firmware").display().to_string();
+    match write_kernel_param(run, "/sys/module/firmware_class/parameters/path", &fw) {
+        Ok(()) => st.firmware_path = Some(fw),
+        Err(e) => st.notes.push(format!("firmware path not set: {e}")),
+    }
+}
+
+/// `finit_module` in order; returns what this run loaded. A refusal
+/// unloads what this run loaded before it.
+fn load_modules(
+    run: &Run,
+    sel: &Selection,
+    same: &BTreeSet<String>,
+    placed: &Placed,
+    st: &mut InstallStatus,
+) -> Result<Vec<String>> {
     let mut loaded_now: Vec<String> = Vec::new();
-    for name in &order {
-        let Some(m) = by_name.get(name.as_str()) else {
+    for name in &sel.order {
+        let Some(m) = sel.by_name.get(name.as_str()) else {
             continue;
         };
-        let idx = st.modules.iter().position(|s| &s.name == name);
         if same.contains(name) {
-            if let Some(i) = idx {
-                st.modules[i].action = ModuleAction::AlreadyLoaded;
-            }
+            set_action(st, name, ModuleAction::AlreadyLoaded);
             continue;
         }
-        // Dependencies outside the artifact (drm for nvidia-drm, ib_core for
-        // peermem) must be loaded already.
-        let now = read_modules(root)?;
-        let missing: Vec<&String> = m
-            .info
-            .depends
-            .iter()
-            .filter(|d| !by_name.contains_key(d.as_str()) && !now.contains_key(*d))
-            .collect();
-        if let Some(dep) = missing.first() {
-            if let Err(e) = modprobe(root, dep) {
-                rollback(&loaded_now, st);
-                return Err(Error::new(
-                    Reason::ModuleLoadFailed,
-                    format!(
-                        "{name} depends on {dep}, which is not loaded, and modprobe {dep} failed: {e}"
-                    ),
-                ));
-            }
+        if let Err(e) = load_dependencies(run, sel, m) {
+            rollback(&loaded_now, st);
+            return Err(e);
         }
-        let param = params.get(name).cloned().unwrap_or_default();
-        let cparam = CString::new(param.clone()).map_err(|_| {
-            Error::new(
-                Reason::InvalidArgument,
-                format!("parameters of {name} contain NUL"),
-            )
-        })?;
-        // From the driver root: the staging directory was renamed to it.
-        let path = final_dir.join(&m.rel);
-        let file = File::open(&path).map_err(|e| Error::io(LOCAL_IO, "opening", &path, e))?;
-        let mut log = KernelLog::open(&kmsg);
-        tracing::info!("loading {name} from {}", path.display());
-        match nix::kmod::finit_module(&file, &cparam, ModuleInitFlags::empty()) {
-            Ok(()) | Err(Errno::EEXIST) => {
-                loaded_now.push(name.clone());
-                if let Some(i) = idx {
-                    st.modules[i].action = ModuleAction::Loaded;
-                }
-            }
-            Err(e) => {
-                let lines = log.read_new();
-                if let Some(i) = idx {
-                    st.modules[i].action = ModuleAction::Failed;
-                    st.modules[i].errno = Some(format!("{e:?}"));
-                }
-                st.kernel_log = lines.clone();
-                rollback(&loaded_now, st);
-                let kernel = if lines.is_empty() {
-                    "the kernel logged nothing".to_string()
-                } else {
-                    format!("kernel log: {}", lines.join(" | "))
-                };
-                return Err(Error::new(
-                    Reason::ModuleLoadFailed,
-                    format!(
-                        "loading {name} ({}): {}; {kernel}",
-                        host_dir.join(&m.rel).display(),
-                        errno_text(e)
-                    ),
-                ));
-            }
-        }
+        load_one(run, m, placed, &mut loaded_now, st)?;
     }
+    Ok(loaded_now)
+}
 
-    // Device nodes.
-    if by_name.contains_key("nvidia") {
-        let devices = root.kernel_path("/proc/devices");
-        let majors = match host::read_optional(&devices)? {
-            Some(t) => parse_char_majors(&t)?,
-            None => BTreeMap::new(),
-        };
-        let modeset = by_name.contains_key("nvidia_modeset");
-        let (nodes, notes) = device_nodes(&majors, gpu_count(root)?, modeset);
-        st.notes.extend(notes);
-        for (path, major, minor) in nodes {
-            ensure_char_node(&root.join(&path), major, minor)?;
-            st.device_nodes.push(path);
+fn set_action(st: &mut InstallStatus, name: &str, action: ModuleAction) {
+    if let Some(s) = st.modules.iter_mut().find(|s| s.name == name) {
+        s.action = action;
+    }
+}
+
+/// Dependencies outside the artifact (drm for nvidia-drm, ib_core for
+/// peermem) must be loaded already, else they are modprobe'd.
+fn load_dependencies(run: &Run, sel: &Selection, m: &Selected) -> Result<()> {
+    let now = read_modules(run.root)?;
+    let missing = m
+        .info
+        .depends
+        .iter()
+        .find(|d| !sel.by_name.contains_key(d.as_str()) && !now.contains_key(*d));
+    if let Some(dep) = missing {
+        if let Err(e) = modprobe(run.root, dep) {
+            return Err(Error::new(
+                Reason::ModuleLoadFailed,
+                format!(
+                    "{} depends on {dep}, which is not loaded, and modprobe {dep} failed: {e}",
+                    m.info.name
+                ),
+            ));
         }
     }
-    crate::failpoint::hit("install:loaded");
-    let previous = fs::read_link(drivers.join("current")).ok();
-    switch_current(&drivers, &name)?;
+    Ok(())
+}
+
+/// Loads one module from the driver root. A refusal quotes the kernel log
+/// records written meanwhile and rolls back `loaded_now`.
+fn load_one(
+    run: &Run,
+    m: &Selected,
+    placed: &Placed,
+    loaded_now: &mut Vec<String>,
+    st: &mut InstallStatus,
+) -> Result<()> {
+    let name = &m.info.name;
+    let param = run.params.get(name).cloned().unwrap_or_default();
+    let cparam = CString::new(param).map_err(|_| {
+        Error::new(
+            Reason::InvalidArgument,
+            format!("parameters of {name} contain NUL"),
+        )
+    })?;
+    // From the driver root: the staging directory was renamed to it.
+    let path = placed.real_dir.join(&m.rel);
+    let file = File::open(&path).map_err(|e| Error::io(LOCAL_IO, "opening", &path, e))?;
+    let mut log = KernelLog::open(&run.root.kernel_path("/dev/kmsg"));
+    tracing::info!("loading {name} from {}", path.display());
+    match nix::kmod::finit_module(&file, &cparam, ModuleInitFlags::empty()) {
+        Ok(()) | Err(Errno::EEXIST) => {
+            loaded_now.push(name.clone());
+            set_action(st, name, ModuleAction::Loaded);
+            Ok(())
+        }
+        Err(e) => {
+            let lines = log.read_new();
+            if let Some(s) = st.modules.iter_mut().find(|s| &s.name == name) {
+                s.action = ModuleAction::Failed;
+                s.errno = Some(format!("{e:?}"));
+            }
+            st.kernel_log = lines.clone();
+            rollback(loaded_now, st);
+            let kernel = if lines.is_empty() {
+                "the kernel logged nothing".to_string()
+            } else {
+                format!("kernel log: {}", lines.join(" | "))
+            };
+            Err(Error::new(
+                Reason::ModuleLoadFailed,
+                format!(
+                    "loading {name} ({}): {}; {kernel}",
+                    placed.host_dir.join(&m.rel).display(),
+                    errno_text(e)
+                ),
+            ))
+        }
+    }
+}
+
+/// `/dev/nvidia*` from `/proc/devices` (only when the artifact has
+/// `nvidia`), created inside the host root.
+fn make_device_nodes(run: &Run, sel: &Selection, st: &mut InstallStatus) -> Result<()> {
+    if !sel.by_name.contains_key("nvidia") {
+        return Ok(());
+    }
+    let devices = run.root.kernel_path("/proc/devices");
+    let majors = match host::read_optional(&devices)? {
+        Some(t) => parse_char_majors(&t)?,
+        None => BTreeMap::new(),
+    };
+    let modeset = sel.by_name.contains_key("nvidia_modeset");
+    let (nodes, notes) = device_nodes(&majors, gpu_count(run.root)?, modeset);
+    st.notes.extend(notes);
+    for (path, major, minor) in nodes {
+        run.fs.mknod_char(&path, major, minor, 0o666)?;
+        st.device_nodes.push(path);
+    }
+    Ok(())
+}
+
+/// `drivers/current` → the new root, by renaming a fresh link over it;
+/// then the user space is registered and old roots go.
+fn switch_current(run: &Run, placed: &Placed, st: &mut InstallStatus) -> Result<()> {
+    let current = in_drivers("current");
+    let previous = run.fs.read_link(&current).ok();
+    run.fs.replace_symlink(&current, &placed.name)?;
     crate::failpoint::hit("install:switched");
-    if has_user_space {
-        register_user_space(root, st);
+    if placed.has_user_space {
+        register_user_space(run, st);
     }
-    collect_garbage(&drivers, &name, previous.as_deref());
+    collect_garbage(&run.fs, &placed.name, previous.as_deref());
+    Ok(())
+}
 
+fn outcome(
+    run: &Run,
+    manifest: &Manifest,
+    placed: &Placed,
+    same: &BTreeSet<String>,
+    loaded_now: &[String],
+    st: &InstallStatus,
+) -> Outcome {
     if loaded_now.is_empty() {
-        return Ok(Outcome::new(
+        return Outcome::new(
             Reason::AlreadyInstalled,
             format!(
                 "{} {} is already loaded ({}); nothing was reloaded",
@@ -1188,22 +1282,23 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
                 manifest.flavor,
                 same.iter().cloned().collect::<Vec<_>>().join(", ")
             ),
-        ));
+        );
     }
     let mut msg = format!(
-        "loaded {} ({} {} for {release}) from {}",
+        "loaded {} ({} {} for {}) from {}",
         loaded_now.join(", "),
         manifest.driver_version,
         manifest.flavor,
-        host_dir.display()
+        run.release,
+        placed.host_dir.display()
     );
     if !st.replaced.is_empty() {
         msg.push_str(&format!("; unloaded first: {}", st.replaced.join(", ")));
     }
-    if !has_user_space {
+    if !placed.has_user_space {
         msg.push_str("; the artifact has no user space (nvidia-smi): install it separately");
     }
-    Ok(Outcome::new(Reason::Installed, msg))
+    Outcome::new(Reason::Installed, msg)
 }
 
 /// Unloads what this run loaded, newest first, so that a failed install
@@ -1211,11 +1306,7 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
 fn rollback(loaded_now: &[String], st: &mut InstallStatus) {
     for name in loaded_now.iter().rev() {
         match unload(name) {
-            Ok(()) => {
-                if let Some(s) = st.modules.iter_mut().find(|s| &s.name == name) {
-                    s.action = ModuleAction::RolledBack;
-                }
-            }
+            Ok(()) => set_action(st, name, ModuleAction::RolledBack),
             Err(e) => st
                 .notes
                 .push(format!("rolling back {name}: {}", errno_text(e))),
@@ -1224,18 +1315,13 @@ fn rollback(loaded_now: &[String], st: &mut InstallStatus) {
 }
 
 /// `modprobe DEP` for a dependency from the host's own module tree.
-fn modprobe(root: &HostRoot, dep: &str) -> std::result::Result<(), String> {
-    let mut cmd = std::process::Command::new("modprobe");
+fn modprobe(root: &HostRoot, dep: &str) -> Result<()> {
+    let mut cmd = Command::new("modprobe");
     if root.path() != Path::new("/") {
         cmd.arg("-d").arg(root.path());
     }
     cmd.arg(dep);
-    let out = cmd.output().map_err(|e| format!("running modprobe: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
+    crate::process::run(&mut cmd, Reason::ModuleLoadFailed).map(drop)
 }
 
 // ------------------------------------------------------------ uninstall
@@ -1263,7 +1349,7 @@ pub fn uninstall(opts: &UninstallOptions) -> InstallResult {
 fn uninstall_inner(opts: &UninstallOptions, st: &mut InstallStatus) -> Result<Outcome> {
     check_root()?;
     let root = opts.root;
-    let _lock = host_lock(root)?;
+    let _lock = root.fs()?.lock(LOCK_PATH)?;
     let wanted: Vec<String> = if opts.modules.is_empty() {
         NVIDIA_STACK.iter().map(|s| s.to_string()).collect()
     } else {

@@ -17,7 +17,7 @@ pub mod files;
 pub mod headers;
 pub mod host;
 pub mod hostfs;
-pub mod load;
+pub mod install;
 pub mod modinfo;
 #[cfg(feature = "operator")]
 pub mod operator;

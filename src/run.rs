@@ -23,7 +23,7 @@ use crate::fetch::{
     self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
 };
 use crate::host::{HostRoot, ModuleFlavor};
-use crate::load::{self as install, InstallOptions};
+use crate::install::{self, InstallOptions};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
 use crate::verify::{self, VerifyOptions};

@@ -8,7 +8,7 @@ use crate::build::BuildResult;
 use crate::detect::HostReport;
 use crate::error::{Error, Result};
 use crate::fetch::FetchResult;
-use crate::load::InstallResult;
+use crate::install::InstallResult;
 use crate::report::Reason;
 use crate::resolve::InstallPlan;
 use crate::run::RunResult;

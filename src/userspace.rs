@@ -2,7 +2,7 @@
 //! `.run`'s `.manifest` at build time, carried in the artifact under a
 //! root-filesystem layout (`usr/bin`, `usr/lib/<triplet>`), and registered
 //! on the host at install time (`ld.so.conf.d`, ldconfig,
-//! `/run/nvidia/driver`).
+//! `/run/nvidia/driver`, written through [`crate::hostfs`]).
 //!
 //! Only what a headless compute node needs is taken: utilities, the NVML,
 //! CUDA, OpenCL and video-codec libraries and their SONAME links. OpenGL,
@@ -15,6 +15,7 @@ use std::process::Command;
 
 use crate::error::{Error, Result};
 use crate::host::HostRoot;
+use crate::hostfs::{HostFs, Kind};
 use crate::report::Reason;
 
 /// Utilities, inside the artifact and the driver root.
@@ -249,37 +250,22 @@ pub fn ldconfig_command(root: &HostRoot) -> Option<(PathBuf, Vec<OsString>)> {
     Some((found, args))
 }
 
-/// Runs ldconfig for the host; the error carries its stderr tail.
-pub fn run_ldconfig(root: &HostRoot) -> std::result::Result<String, String> {
-    let Some((cmd, args)) = ldconfig_command(root) else {
-        return Err(format!(
-            "no ldconfig under {} (looked for /sbin/ldconfig(.real), /usr/sbin/ldconfig(.real))",
-            root.path().display()
+/// Runs ldconfig for the host and returns its command line; the error
+/// carries the command line and its stderr tail.
+pub fn run_ldconfig(root: &HostRoot) -> Result<String> {
+    let Some((program, args)) = ldconfig_command(root) else {
+        return Err(Error::new(
+            Reason::Internal,
+            format!(
+                "no ldconfig under {} (looked for /sbin/ldconfig(.real), /usr/sbin/ldconfig(.real))",
+                root.path().display()
+            ),
         ));
     };
-    let shown = format!(
-        "{} {}",
-        cmd.display(),
-        args.iter()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let out = Command::new(&cmd)
-        .args(&args)
-        .output()
-        .map_err(|e| format!("running {shown}: {e}"))?;
-    if out.status.success() {
-        Ok(shown.trim().to_string())
-    } else {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        Err(format!(
-            "{shown} exited with {}: {}",
-            out.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        ))
-    }
+    let mut cmd = Command::new(program);
+    cmd.args(&args);
+    crate::process::run(&mut cmd, Reason::Internal)?;
+    Ok(crate::process::command_line(&cmd))
 }
 
 /// The `ld.so.conf.d` line: the current driver root's library directory,
@@ -291,73 +277,31 @@ pub fn ld_so_conf_text(current: &Path) -> String {
     )
 }
 
-/// Writes `path` through a temporary file and a rename.
-pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    fs::create_dir_all(dir).map_err(|e| Error::io(Reason::Internal, "creating", dir, e))?;
-    if fs::read_to_string(path).is_ok_and(|t| t == text) {
+/// Writes the `ld.so.conf.d` entry naming `current`'s library directory,
+/// confined to the host root; one that says so already is left alone.
+pub fn write_ld_so_conf(fs: &HostFs, current: &Path) -> Result<()> {
+    let text = ld_so_conf_text(current);
+    if fs.read(LD_SO_CONF)?.is_some_and(|t| t == text.as_bytes()) {
         return Ok(());
     }
-    let tmp = dir.join(format!(
-        ".{}.{}",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    fs::write(&tmp, text).map_err(|e| Error::io(Reason::Internal, "writing", &tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::io(Reason::Internal, "renaming into place", path, e)
-    })
+    fs.write_atomic(LD_SO_CONF, text.as_bytes(), 0o644)
 }
 
-/// Points `<root>/run/nvidia/driver` at the current driver root, unless
-/// something other than a symlink is there (the GPU Operator's own driver
-/// container mounts a directory there; it is left alone).
-pub fn link_run_nvidia_driver(
-    root: &HostRoot,
-    current: &Path,
-) -> std::result::Result<bool, String> {
-    let path = root.join(RUN_NVIDIA_DRIVER);
-    match fs::symlink_metadata(&path) {
-        Ok(m) if !m.file_type().is_symlink() => {
-            return Ok(false);
+/// Points `/run/nvidia/driver` at the current driver root (confined to the
+/// host root), unless something other than a symlink is there (the GPU
+/// Operator's own driver container mounts a directory there; it is left
+/// alone: `Ok(false)`).
+pub fn link_run_nvidia_driver(fs: &HostFs, current: &Path) -> Result<bool> {
+    match fs.kind(RUN_NVIDIA_DRIVER)? {
+        // Already there.
+        Some(Kind::Symlink) if fs.read_link(RUN_NVIDIA_DRIVER).is_ok_and(|t| t == current) => {
+            return Ok(true);
         }
-        Ok(_) => {
-            if fs::read_link(&path).is_ok_and(|t| t == current) {
-                return Ok(true);
-            }
-        }
-        Err(_) => {}
+        Some(Kind::Symlink) | None => {}
+        Some(_) => return Ok(false),
     }
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    replace_symlink(&path, current).map_err(|e| e.to_string())?;
+    fs.replace_symlink(RUN_NVIDIA_DRIVER, current)?;
     Ok(true)
-}
-
-/// Points `link` at `target` by renaming a fresh link (`.<name>.<pid>`
-/// beside it) over it, so that readers see the old or the new target,
-/// never none; then syncs the directory.
-pub fn replace_symlink(link: &Path, target: &Path) -> Result<()> {
-    let dir = link.parent().unwrap_or(Path::new("/"));
-    let name = link
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(target, &tmp)
-        .map_err(|e| Error::io(Reason::Internal, "creating", &tmp, e))?;
-    fs::rename(&tmp, link).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::io(Reason::Internal, "renaming into place", link, e)
-    })?;
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -489,6 +433,11 @@ libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidi
             crate::host::HostRootSource::Flag,
         );
         assert!(ldconfig_command(&none).is_none());
-        assert!(run_ldconfig(&none).unwrap_err().contains("no ldconfig"));
+        assert!(
+            run_ldconfig(&none)
+                .unwrap_err()
+                .message
+                .contains("no ldconfig")
+        );
     }
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::host::{self, HostRoot, PciRole};
-use crate::load::DRIVERS_DIR;
+use crate::install::DRIVERS_DIR;
 use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
 
 /// The query verify runs; its CSV columns are what [`parse_smi_csv`] reads.

@@ -316,6 +316,12 @@ fn lib_dir() -> String {
 /// (version `version`), `usr/bin/nvidia-smi`, the library and its SONAME
 /// link.
 fn artifact_with_user_space(dir: &Path, release: &str, version: &str) {
+    artifact_with(dir, release, version, "gpu_driver_test", None);
+}
+
+/// As [`artifact_with_user_space`], with the module named `module` and,
+/// when given, one flat firmware file `firmware/gsp_test.bin`.
+fn artifact_with(dir: &Path, release: &str, version: &str, module: &str, fw: Option<&[u8]>) {
     let (smi, lib) = user_space(&dir.with_extension("src"), version);
     let lib_name = format!("libnvidia-ml.so.{version}");
     let ld = lib_dir();
@@ -323,20 +329,27 @@ fn artifact_with_user_space(dir: &Path, release: &str, version: &str) {
     fs::create_dir_all(dir.join("usr/bin")).unwrap();
     fs::create_dir_all(dir.join(&ld)).unwrap();
     let ko = tiny_module(
-        format!("name=gpu_driver_test\0version={version}\0vermagic={release} SMP mod_unload \0")
+        format!("name={module}\0version={version}\0vermagic={release} SMP mod_unload \0")
             .as_bytes(),
     );
-    fs::write(dir.join("modules/gpu_driver_test.ko"), &ko).unwrap();
+    let ko_file = format!("modules/{module}.ko");
+    fs::write(dir.join(&ko_file), &ko).unwrap();
     fs::write(dir.join("usr/bin/nvidia-smi"), &smi).unwrap();
     fs::write(dir.join(&ld).join(&lib_name), &lib).unwrap();
     let sum = |b: &[u8]| hex::encode(Sha256::digest(b));
+    let mut firmware = Vec::new();
+    if let Some(fw) = fw {
+        fs::create_dir_all(dir.join("firmware")).unwrap();
+        fs::write(dir.join("firmware/gsp_test.bin"), fw).unwrap();
+        firmware.push(serde_json::json!({"file": "firmware/gsp_test.bin", "sha256": sum(fw), "sizeBytes": fw.len()}));
+    }
     let manifest = serde_json::json!({
         "schemaVersion": 2,
         "driverVersion": version,
         "flavor": "open",
         "kernelRelease": release,
-        "modules": [{"name": "gpu_driver_test", "file": "modules/gpu_driver_test.ko", "sha256": sum(&ko)}],
-        "firmware": [],
+        "modules": [{"name": module, "file": ko_file, "sha256": sum(&ko)}],
+        "firmware": firmware,
         "userSpace": [
             {"file": "usr/bin/nvidia-smi", "sha256": sum(&smi), "sizeBytes": smi.len(), "mode": 0o755},
             {"file": format!("{ld}/{lib_name}"), "sha256": sum(&lib), "sizeBytes": lib.len(), "mode": 0o755},
@@ -535,4 +548,131 @@ fn a_kill_9_at_any_point_leaves_a_usable_driver_and_the_next_run_completes() {
         install(&a);
         assert_eq!(current_target(&host), a_root, "{point}");
     }
+}
+
+// ------------------------------------------------- links in the host root
+
+/// Every file, directory and link under `dir`, relative to it.
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            out.push(e.path().strip_prefix(dir).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                pending.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn links_in_the_host_root_never_lead_a_write_outside_it() {
+    if !is_root() {
+        eprintln!("skipped: needs root (install refuses otherwise)");
+        return;
+    }
+    // `var/lib`, `etc/ld.so.conf.d`, `dev`, `run/nvidia` and
+    // `lib/firmware` of the host root are absolute links naming a directory
+    // of the machine running the test. A host resolves them inside its own
+    // root (as a chroot does); followed from outside, every write of
+    // install would land in `outside`.
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let host = host_support::installable_host(tmp.path());
+    // `nvidia`, so that device nodes are made; the fixture lists it as
+    // loaded at this version, so nothing reaches the kernel.
+    host_support::mark_loaded(
+        &host,
+        &[host_support::Loaded {
+            name: "nvidia",
+            version: Some("1.0"),
+            srcversion: None,
+        }],
+    );
+    let param = host.join("sys/module/firmware_class/parameters/path");
+    fs::create_dir_all(param.parent().unwrap()).unwrap();
+    fs::write(&param, "").unwrap();
+    let o = outside.path();
+    for (link, target) in [
+        ("var/lib", o.join("var-lib")),
+        ("etc/ld.so.conf.d", o.join("ld.so.conf.d")),
+        ("dev", o.join("dev")),
+        ("run/nvidia", o.join("run-nvidia")),
+        ("lib/firmware", o.join("firmware")),
+    ] {
+        let at = host.join(link);
+        let _ = fs::remove_dir_all(&at);
+        fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&target, &at).unwrap();
+    }
+    let art = tmp.path().join("a");
+    artifact_with(&art, RELEASE, "1.0", "nvidia", Some(b"gsp"));
+
+    let (code, doc) = run(&install_args(host.to_str().unwrap(), art.to_str().unwrap()));
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["status"]["reason"], "AlreadyInstalled", "{doc}");
+    assert_eq!(
+        tree(o),
+        Vec::<String>::new(),
+        "written outside the host root"
+    );
+
+    // Everything landed where the links resolve inside the host root.
+    let inside = host.join(o.strip_prefix("/").unwrap());
+    let drivers = inside.join("var-lib/gpu-driver/drivers");
+    let root_name = fs::read_link(drivers.join("current")).unwrap();
+    let root = drivers.join(&root_name);
+    assert!(root.join("usr/bin/nvidia-smi").is_file());
+    assert!(root.join("firmware/nvidia/1.0/gsp_test.bin").is_file());
+    assert_eq!(
+        fs::read_to_string(&param).unwrap(),
+        format!(
+            "/var/lib/gpu-driver/drivers/{}/firmware",
+            root_name.display()
+        )
+    );
+    let conf = fs::read_to_string(inside.join("ld.so.conf.d/gpu-driver.conf")).unwrap();
+    assert!(
+        conf.contains("/var/lib/gpu-driver/drivers/current/"),
+        "{conf}"
+    );
+    // The host's ldconfig (chrooted into the host root) followed the same
+    // links to the library.
+    assert!(
+        host_support::ld_cache(&host).contains("libnvidia-ml.so.1 "),
+        "{}",
+        host_support::ld_cache(&host)
+    );
+    assert_eq!(
+        fs::read_link(inside.join("run-nvidia/driver")).unwrap(),
+        Path::new("/var/lib/gpu-driver/drivers/current")
+    );
+    assert_eq!(
+        doc["status"]["deviceNodes"],
+        serde_json::json!(["/dev/nvidiactl", "/dev/nvidia0"]),
+        "{doc}"
+    );
+    let ctl = fs::symlink_metadata(inside.join("dev/nvidiactl")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &ctl.file_type()
+    ));
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::rdev(&ctl),
+        nix::sys::stat::makedev(195, 255)
+    );
+    assert!(host.join("run/gpu-driver/install.lock").is_file());
+
+    // A second run (root reused, `current` switched again, old roots
+    // collected through the links) still writes nothing outside.
+    let (code, doc) = run(&install_args(host.to_str().unwrap(), art.to_str().unwrap()));
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(
+        tree(o),
+        Vec::<String>::new(),
+        "written outside the host root"
+    );
 }
