@@ -133,10 +133,11 @@ pub(crate) fn parse(path: &Path, file: &mut File) -> Result<Makeself> {
         if text_to_eof {
             // All text and no payload: most likely a download cut short.
             invalid(&format!(
-                "truncated: the file ends inside its makeself header ({m})"
+                "truncated: the file ends inside its makeself header ({})",
+                m.message
             ))
         } else {
-            invalid(&m)
+            invalid(&m.message)
         }
     })?;
     // Only lines before the payload are header; a value found after it would
@@ -418,8 +419,10 @@ fn line_offset(path: &Path, file: &mut File, n: usize) -> Result<Option<u64>> {
     Ok(Some(offset))
 }
 
-/// Finds how the header computes the payload offset. Errors are messages.
-fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
+/// Finds how the header computes the payload offset. Errors are
+/// ArchiveInvalid; the caller adds the file and whether it was cut short.
+fn find_offset(lines: &[&str]) -> Result<Offset> {
+    let bad = |m: String| Error::new(Reason::ArchiveInvalid, m);
     let skip_line = lines.iter().position(|l| var_value(l, "skip").is_some());
     let skip = match skip_line {
         Some(i) => {
@@ -427,7 +430,7 @@ fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
             Some((
                 i,
                 v.parse::<usize>()
-                    .map_err(|_| format!("makeself header has a malformed skip=\"{v}\""))?,
+                    .map_err(|_| bad(format!("makeself header has a malformed skip=\"{v}\"")))?,
             ))
         }
         None => None,
@@ -461,29 +464,33 @@ fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
     head_literals.sort_unstable();
     head_literals.dedup();
     if head_literals.len() > 1 {
-        return Err(format!(
+        return Err(bad(format!(
             "makeself header gives conflicting header sizes: head -n {head_literals:?}"
-        ));
+        )));
     }
     let offset = match (head_var, tail_var, skip, head_literals.first()) {
         (true, true, _, _) => {
-            return Err("makeself header uses skip both as a line count and a start line".into());
+            return Err(bad(
+                "makeself header uses skip both as a line count and a start line".into(),
+            ));
         }
         (true, false, Some((_, n)), lit) => {
             if let Some(l) = lit
                 && *l != n
             {
-                return Err(format!("makeself header gives skip={n} but head -n {l}"));
+                return Err(bad(format!(
+                    "makeself header gives skip={n} but head -n {l}"
+                )));
             }
             Offset::Head(n)
         }
         (false, true, Some((_, n)), _) => Offset::Tail(n),
         (false, _, _, Some(l)) => Offset::Head(*l),
         _ => {
-            return Err(
+            return Err(bad(
                 "no payload offset found: not a makeself header this installer knows (skip= with head -n or tail -n +)"
                     .into(),
-            );
+            ));
         }
     };
     let (n, min) = match offset {
@@ -491,9 +498,9 @@ fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
         Offset::Tail(n) => (n, 2),
     };
     if n < min {
-        return Err(format!(
+        return Err(bad(format!(
             "makeself header gives an impossible header size {n}"
-        ));
+        )));
     }
     if let Some((i, _)) = skip {
         // The line holding skip= must itself be header, not payload.
@@ -502,7 +509,7 @@ fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
             Offset::Tail(n) => n - 1,
         };
         if i >= header_lines && (head_var || tail_var) {
-            return Err("skip= lies outside the header it describes".into());
+            return Err(bad("skip= lies outside the header it describes".into()));
         }
     }
     Ok(offset)
