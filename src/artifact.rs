@@ -499,4 +499,123 @@ mod tests {
             assert!(e.message.contains("would leave"), "{}", e.message);
         }
     }
+
+    fn sample(dir: &Path) -> (Manifest, Vec<PackFile>) {
+        let files = [
+            ("modules/nvidia.ko", "ko"),
+            ("firmware/gsp_ga10x.bin", "fw"),
+            ("usr/bin/nvidia-smi", "smi"),
+        ];
+        let mut packed = Vec::new();
+        for (name, body) in files {
+            let p = dir.join(name.replace('/', "_"));
+            fs::write(&p, body).unwrap();
+            packed.push(PackFile {
+                name: name.into(),
+                path: p,
+                mode: if name.starts_with("usr/") {
+                    0o755
+                } else {
+                    0o644
+                },
+            });
+        }
+        let sum = |b: &str| crate::files::sha256_bytes(b.as_bytes());
+        let m = Manifest {
+            schema_version: MANIFEST_VERSION,
+            generator: "test".into(),
+            driver_version: "580.95.05".into(),
+            flavor: ModuleFlavor::Open,
+            kernel_release: "6.1.0-50-cloud-amd64".into(),
+            compiler: "gcc 12".into(),
+            kernel_compiler: None,
+            built_at: "2026-12-03T00:00:00Z".into(),
+            modules: vec![ManifestModule {
+                name: "nvidia".into(),
+                file: "modules/nvidia.ko".into(),
+                vermagic: "6.1.0-50-cloud-amd64 SMP".into(),
+                depends: vec![],
+                version: None,
+                size_bytes: 2,
+                sha256: sum("ko"),
+            }],
+            firmware: vec![ManifestFile {
+                file: "firmware/gsp_ga10x.bin".into(),
+                size_bytes: 2,
+                sha256: sum("fw"),
+            }],
+            firmware_note: None,
+            user_space: vec![ManifestUserFile {
+                file: "usr/bin/nvidia-smi".into(),
+                size_bytes: 3,
+                sha256: sum("smi"),
+                mode: 0o755,
+            }],
+            links: vec![],
+        };
+        (m, packed)
+    }
+
+    #[test]
+    fn packed_artifacts_unpack_and_check_with_their_user_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, files) = sample(dir.path());
+        let art = dir
+            .path()
+            .join(file_name(&m.driver_version, m.flavor, &m.kernel_release));
+        let sha = pack(&art, &m, &files).unwrap();
+        let bytes = fs::read(&art).unwrap();
+        assert_eq!(crate::files::sha256_bytes(&bytes), sha);
+        // The cache's in-memory check covers user space too.
+        check_bytes(&bytes, &m).unwrap();
+        let out = dir.path().join("out");
+        assert_eq!(unpack(&art, &out).unwrap(), m);
+        // Another manifest than the one inside is refused.
+        let mut other = m.clone();
+        other.user_space[0].sha256 = "0".repeat(64);
+        let e = check_bytes(&bytes, &other).unwrap_err();
+        assert_eq!(e.reason, Reason::ArtifactInvalid);
+        assert!(e.message.contains("usr/bin/nvidia-smi has sha256"), "{e}");
+    }
+
+    #[test]
+    fn path_bearing_fields_are_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, _) = sample(dir.path());
+        let mut bad = m.clone();
+        bad.driver_version = "../../../../tmp/x".into();
+        let e = Manifest::parse(&bad.to_json().unwrap(), "m.json").unwrap_err();
+        assert_eq!(e.reason, Reason::ArtifactInvalid);
+        assert!(e.message.contains("driverVersion"), "{e}");
+        let mut bad = m.clone();
+        bad.kernel_release = "6.1.0/../../etc".into();
+        let e = Manifest::parse(&bad.to_json().unwrap(), "m.json").unwrap_err();
+        assert!(e.message.contains("kernelRelease"), "{e}");
+        let mut bad = m.clone();
+        bad.modules[0].name = "nvidia/../x".into();
+        assert!(Manifest::parse(&bad.to_json().unwrap(), "m.json").is_err());
+        let mut bad = m.clone();
+        bad.firmware[0].file = "etc/passwd".into();
+        let e = Manifest::parse(&bad.to_json().unwrap(), "m.json").unwrap_err();
+        assert!(e.message.contains("not under firmware/"), "{e}");
+        // pack refuses to write what parse would refuse to read.
+        let e = pack(&dir.path().join("x.tar.zst"), &bad, &[]).unwrap_err();
+        assert!(e.message.starts_with("refusing to pack"), "{e}");
+        assert!(!dir.path().join("x.tar.zst").exists());
+    }
+
+    #[test]
+    fn schema_versions_outside_the_known_range_are_named() {
+        for (v, want) in [
+            ("3", "schemaVersion 3; this installer reads 1 to 2"),
+            ("0", "schemaVersion 0"),
+        ] {
+            let text = format!(r#"{{"schemaVersion":{v},"driverVersion":"1.0"}}"#);
+            let e = Manifest::parse(text.as_bytes(), "m.json").unwrap_err();
+            assert_eq!(e.reason, Reason::ArtifactInvalid);
+            assert!(e.message.contains(want), "{e}");
+        }
+        let e = Manifest::parse(br#"{"driverVersion":"1.0"}"#, "m.json").unwrap_err();
+        assert!(e.message.contains("no schemaVersion"), "{e}");
+    }
 }

@@ -165,46 +165,50 @@ impl Catalog {
         };
         let mut cat: Catalog = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
         cat.origin = origin.to_string();
-        cat.validate().map_err(invalid)?;
+        cat.validate().map_err(|e| invalid(e.message))?;
         Ok(cat)
     }
 
-    fn validate(&mut self) -> Result<(), String> {
+    fn validate(&mut self) -> Result<()> {
+        let bad = |m: String| Error::new(Reason::CatalogInvalid, m);
         if self.schema_version != SCHEMA_VERSION {
-            return Err(format!(
+            return Err(bad(format!(
                 "schemaVersion {} is not supported (this installer reads {SCHEMA_VERSION})",
                 self.schema_version
-            ));
+            )));
         }
         for d in &self.drivers {
             if !is_driver_version(&d.version) {
-                return Err(format!("driver version {:?} is malformed", d.version));
+                return Err(bad(format!("driver version {:?} is malformed", d.version)));
             }
             if branch_of(&d.version).map(|b| b.to_string()) != Some(d.branch.clone()) {
-                return Err(format!(
+                return Err(bad(format!(
                     "driver {} is listed under branch {}",
                     d.version, d.branch
-                ));
+                )));
             }
             if let Some(sum) = &d.sha256 {
                 if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("driver {}: sha256 is not 64 hex digits", d.version));
+                    return Err(bad(format!(
+                        "driver {}: sha256 is not 64 hex digits",
+                        d.version
+                    )));
                 }
             }
         }
         let known_branch = |b: &str| self.drivers.iter().any(|d| d.branch == b);
         if !known_branch(&self.default_branch) {
-            return Err(format!(
+            return Err(bad(format!(
                 "defaultBranch {} has no [[drivers]] entry",
                 self.default_branch
-            ));
+            )));
         }
         for p in &self.policies {
             if !known_branch(&p.branch) {
-                return Err(format!(
+                return Err(bad(format!(
                     "policy {} names branch {}, which has no [[drivers]] entry",
                     p.name, p.branch
-                ));
+                )));
             }
         }
         for a in &mut self.architectures {
@@ -213,10 +217,10 @@ impl Catalog {
                 .iter()
                 .map(|r| {
                     parse_range(r).ok_or_else(|| {
-                        format!(
+                        bad(format!(
                             "architecture {}: bad device id range {r:?} (want \"0x1e00-0x1fff\")",
                             a.name
-                        )
+                        ))
                     })
                 })
                 .collect::<Result<_, _>>()?;
@@ -224,10 +228,10 @@ impl Catalog {
         for x in &self.exclusions {
             for k in [&x.kernel_min, &x.kernel_max].into_iter().flatten() {
                 if KernelVersion::parse(k).is_none() {
-                    return Err(format!(
+                    return Err(bad(format!(
                         "exclusion for driver {}: bad kernel version {k:?}",
                         x.driver
-                    ));
+                    )));
                 }
             }
         }

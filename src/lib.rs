@@ -1,6 +1,8 @@
-//! gpu-driver: detect a node, resolve the NVIDIA driver it needs, and (in
-//! later steps) fetch, build, load and verify it. The binary
-//! `gpu-driver-installer` is a thin shell around [`cli::run`].
+//! gpu-driver: detect a node, resolve the NVIDIA driver it needs, fetch,
+//! build (or take from the cluster's artifact cache), install and verify
+//! it. The binary `gpu-driver-installer` is a thin shell around
+//! [`cli::run`]; the pipeline itself is [`run`]. The module map is in
+//! `docs/architecture.md`.
 
 pub mod apt;
 pub mod artifact;
@@ -13,6 +15,7 @@ pub mod detect;
 pub mod error;
 pub mod extract;
 pub mod failpoint;
+pub mod fetch;
 pub mod files;
 pub mod headers;
 pub mod host;
@@ -31,6 +34,4 @@ pub mod text;
 pub mod userspace;
 pub mod verify;
 
-pub use error::Reason;
-pub use error::{Error, Result};
-pub mod fetch;
+pub use error::{Error, Reason, Result};

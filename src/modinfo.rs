@@ -37,9 +37,23 @@ impl ModInfo {
     }
 }
 
+/// Why a file is not a readable kernel module; the caller decides the
+/// reason (a bad build, an invalid artifact).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct ModinfoError(pub String);
+
+impl From<String> for ModinfoError {
+    fn from(s: String) -> Self {
+        ModinfoError(s)
+    }
+}
+
+impl From<&str> for ModinfoError {
+    fn from(s: &str) -> Self {
+        ModinfoError(s.to_string())
+    }
+}
 
 /// The section table of a module never needs more than this; anything
 /// bigger is malformed, and the bound keeps a corrupt header from making
@@ -99,7 +113,7 @@ pub fn read_modinfo(path: &Path) -> Result<ModInfo, ModinfoError> {
         .metadata()
         .map_err(|e| err(format!("reading metadata: {e}")))?
         .len();
-    let mut info = parse(&FileSource { file, len }).map_err(err)?;
+    let mut info = parse(&FileSource { file, len }).map_err(|e| err(e.0))?;
     if info.name.is_empty() {
         info.name = file_module_name(path);
     }
@@ -109,7 +123,7 @@ pub fn read_modinfo(path: &Path) -> Result<ModInfo, ModinfoError> {
 /// Parses `.modinfo` from a module held in memory. Without a `name=` field
 /// the name stays empty (there is no file name to take it from).
 pub fn parse_modinfo(bytes: &[u8]) -> Result<ModInfo, ModinfoError> {
-    parse(&bytes).map_err(ModinfoError)
+    parse(&bytes)
 }
 
 /// `nvidia-uvm.ko` → `nvidia_uvm`.
@@ -121,7 +135,7 @@ fn file_module_name(path: &Path) -> String {
         .replace('-', "_")
 }
 
-fn read_vec(src: &dyn Source, offset: u64, len: u64, what: &str) -> Result<Vec<u8>, String> {
+fn read_vec(src: &dyn Source, offset: u64, len: u64, what: &str) -> Result<Vec<u8>, ModinfoError> {
     offset
         .checked_add(len)
         .filter(|&e| e <= src.len())
@@ -177,16 +191,16 @@ fn section(table: &[u8], index: u64, entsize: u64) -> Section {
     }
 }
 
-fn parse(src: &dyn Source) -> Result<ModInfo, String> {
+fn parse(src: &dyn Source) -> Result<ModInfo, ModinfoError> {
     let ehdr = read_vec(src, 0, ELF64_EHDR_SIZE, "the ELF header")?;
     if ehdr[..4] != *b"\x7fELF" {
         return Err("not an ELF file (bad magic)".into());
     }
     if ehdr[4] != 2 {
-        return Err(format!(
+        return Err(ModinfoError(format!(
             "ELF class {} is not ELF64; only 64-bit modules are supported",
             ehdr[4]
-        ));
+        )));
     }
     if ehdr[5] != 1 {
         return Err(
@@ -201,9 +215,9 @@ fn parse(src: &dyn Source) -> Result<ModInfo, String> {
         return Err("no section header table".into());
     }
     if shentsize < ELF64_SHDR_SIZE {
-        return Err(format!(
+        return Err(ModinfoError(format!(
             "section header size {shentsize} is smaller than ELF64's {ELF64_SHDR_SIZE}"
-        ));
+        )));
     }
     // Extended numbering: with ≥ 0xff00 sections the real count and string
     // table index live in section 0's size and link fields.
@@ -218,20 +232,20 @@ fn parse(src: &dyn Source) -> Result<ModInfo, String> {
         }
     }
     if shnum == 0 || shnum > MAX_SECTION_HEADERS {
-        return Err(format!("implausible section count {shnum}"));
+        return Err(ModinfoError(format!("implausible section count {shnum}")));
     }
     if shstrndx >= shnum {
-        return Err(format!(
+        return Err(ModinfoError(format!(
             "section name table index {shstrndx} is not below the section count {shnum}"
-        ));
+        )));
     }
     let table = read_vec(src, shoff, shnum * shentsize, "the section header table")?;
     let strtab_hdr = section(&table, shstrndx, shentsize);
     if strtab_hdr.size > MAX_SHSTRTAB_BYTES {
-        return Err(format!(
+        return Err(ModinfoError(format!(
             "section name table of {} bytes is implausible",
             strtab_hdr.size
-        ));
+        )));
     }
     let names = read_vec(
         src,
@@ -260,7 +274,10 @@ fn parse(src: &dyn Source) -> Result<ModInfo, String> {
         return Err(".modinfo has no contents (SHT_NOBITS)".into());
     }
     if s.size > MAX_MODINFO_BYTES {
-        return Err(format!(".modinfo of {} bytes is implausible", s.size));
+        return Err(ModinfoError(format!(
+            ".modinfo of {} bytes is implausible",
+            s.size
+        )));
     }
     let data = read_vec(src, s.offset, s.size, "the .modinfo section")?;
     from_fields(parse_fields(&data)?)
@@ -268,7 +285,7 @@ fn parse(src: &dyn Source) -> Result<ModInfo, String> {
 
 /// Splits `.modinfo` contents: NUL-separated `key=value` strings, with NUL
 /// padding between them (sections are aligned).
-pub fn parse_fields(data: &[u8]) -> Result<Vec<(String, String)>, String> {
+pub fn parse_fields(data: &[u8]) -> Result<Vec<(String, String)>, ModinfoError> {
     let mut fields = Vec::new();
     for raw in data.split(|&b| b == 0).filter(|s| !s.is_empty()) {
         let text = String::from_utf8_lossy(raw);
@@ -280,7 +297,7 @@ pub fn parse_fields(data: &[u8]) -> Result<Vec<(String, String)>, String> {
     Ok(fields)
 }
 
-fn from_fields(fields: Vec<(String, String)>) -> Result<ModInfo, String> {
+fn from_fields(fields: Vec<(String, String)>) -> Result<ModInfo, ModinfoError> {
     let get = |key: &str| {
         fields
             .iter()

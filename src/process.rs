@@ -66,17 +66,19 @@ pub fn run(cmd: &mut Command, reason: Reason) -> Result<Output> {
     }
 }
 
-/// The error for a finished, unsuccessful command.
+/// The error for a finished, unsuccessful command: the tail of its stderr,
+/// and of its stdout too when it printed there (nvidia-smi reports its
+/// failures on stdout).
 pub fn exit_error(cmd: &Command, out: &Output, reason: Reason) -> Error {
-    let tail = stderr_tail(if out.stderr.is_empty() {
-        &out.stdout
-    } else {
-        &out.stderr
-    });
     let mut message = format!("{} exited with {}", command_line(cmd), out.status);
-    if !tail.is_empty() {
+    let quoted: Vec<String> = [&out.stderr, &out.stdout]
+        .into_iter()
+        .map(|b| stderr_tail(b))
+        .filter(|t| !t.is_empty())
+        .collect();
+    if !quoted.is_empty() {
         message.push_str(": ");
-        message.push_str(&tail);
+        message.push_str(&quoted.join(" | "));
     }
     Error::new(reason, message)
 }
@@ -162,6 +164,14 @@ mod tests {
         assert!(e.message.starts_with("sh -c echo one"), "{e}");
         assert!(e.message.contains("exit status: 3"), "{e}");
         assert!(e.message.ends_with("one | two"), "{e}");
+    }
+
+    #[test]
+    fn a_failure_printed_on_stdout_is_quoted_too() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo on-stdout; exit 9"]);
+        let e = run(&mut cmd, Reason::VerifyFailed).unwrap_err();
+        assert!(e.message.ends_with("exit status: 9: on-stdout"), "{e}");
     }
 
     #[test]

@@ -127,12 +127,7 @@ pub fn termination_message<T: ResultDocument>(kind: Kind, doc: &T) -> Result<Str
     // Escaping makes the JSON longer than the text by a varying amount, so
     // binary-search the longest prefix (cut on a char boundary) that fits.
     let text = outcome.message.as_str();
-    let prefix = |mut n: usize| {
-        while !text.is_char_boundary(n) {
-            n -= 1;
-        }
-        &text[..n]
-    };
+    let prefix = |n: usize| crate::text::prefix(text, n);
     let (mut lo, mut hi) = (0usize, text.len());
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);

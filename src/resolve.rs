@@ -216,27 +216,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     })?;
 
     // 1. Driver version.
-    let (version, source) = match &opts.driver_version {
-        Some(v) => {
-            if !host::is_driver_version(v) {
-                return Err(Error::new(
-                    Reason::InvalidArgument,
-                    format!("--driver-version {v:?} is not a driver version like 580.95.05"),
-                ));
-            }
-            (v.clone(), VersionSource::Flag)
-        }
-        None => match cat.policy_for(&os.id, os.version.as_deref(), Some(kernel)) {
-            Some(p) => {
-                st.policy = Some(p.name.clone());
-                (branch_version(cat, &p.branch)?, VersionSource::Policy)
-            }
-            None => (
-                branch_version(cat, &cat.default_branch)?,
-                VersionSource::Default,
-            ),
-        },
-    };
+    let (version, source) = choose_version(st, opts, &os.id, os.version.as_deref(), kernel)?;
     let branch = catalog::branch_of(&version)
         .ok_or_else(|| Error::new(Reason::Internal, format!("no branch in {version}")))?;
     st.driver_version = Some(version.clone());
@@ -244,35 +224,8 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     st.driver_version_source = Some(source);
 
     // 2. Every GPU must be driven by this branch.
-    let archs: Vec<(&Gpu, Option<&Architecture>)> = report
-        .status
-        .gpus
-        .iter()
-        .map(|g| {
-            let arch = g
-                .architecture
-                .as_deref()
-                .and_then(|name| cat.architectures.iter().find(|a| a.name == name));
-            (g, arch)
-        })
-        .collect();
-    for (gpu, arch) in &archs {
-        if let Some(a) = arch {
-            if !a.supports_branch(branch) {
-                return Err(Error::new(
-                    Reason::GpuNotSupported,
-                    format!(
-                        "GPU {} ({} {}) is not supported by driver branch {branch}{}",
-                        gpu.pci_address,
-                        a.name,
-                        gpu.device_id,
-                        branch_bounds(a)
-                    ),
-                )
-                .with_hint("pick a supported version with --driver-version"));
-            }
-        }
-    }
+    let archs = gpu_architectures(cat, report);
+    check_gpus(&archs, branch)?;
 
     // 3. Module flavor.
     let (flavor, why) = choose_flavor(opts.flavor, branch, &archs)?;
@@ -296,19 +249,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     st.headers = Some(headers.clone());
 
     // 6. Package.
-    let entry = cat.driver_for_version(&version);
-    let url = entry
-        .and_then(|d| d.url.clone())
-        .unwrap_or_else(|| cat.url_for(&version, entry.map_or(Channel::Datacenter, |d| d.channel)));
-    let sha256 = entry.and_then(|d| d.sha256.clone());
-    let file_name = url.rsplit('/').next().unwrap_or(&url).to_string();
-    st.package = Some(Package {
-        url,
-        file_name,
-        checksum_known: sha256.is_some(),
-        sha256,
-        mirrors: cat.mirrors.clone(),
-    });
+    st.package = Some(package_for(cat, &version));
 
     let headers_text = match headers.source {
         HeadersSource::Installed => {
@@ -334,6 +275,98 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
             VersionSource::Default => format!("default branch {}", cat.default_branch),
         }
     ))
+}
+
+/// `--driver-version`, else the catalog policy for this OS and kernel, else
+/// the default branch's release.
+fn choose_version(
+    st: &mut PlanStatus,
+    opts: &ResolveOptions,
+    os_id: &str,
+    os_version: Option<&str>,
+    kernel: KernelVersion,
+) -> Result<(String, VersionSource)> {
+    let cat = opts.catalog;
+    Ok(match &opts.driver_version {
+        Some(v) => {
+            if !host::is_driver_version(v) {
+                return Err(Error::new(
+                    Reason::InvalidArgument,
+                    format!("--driver-version {v:?} is not a driver version like 580.95.05"),
+                ));
+            }
+            (v.clone(), VersionSource::Flag)
+        }
+        None => match cat.policy_for(os_id, os_version, Some(kernel)) {
+            Some(p) => {
+                st.policy = Some(p.name.clone());
+                (branch_version(cat, &p.branch)?, VersionSource::Policy)
+            }
+            None => (
+                branch_version(cat, &cat.default_branch)?,
+                VersionSource::Default,
+            ),
+        },
+    })
+}
+
+/// Each detected GPU with its catalog architecture, where known.
+fn gpu_architectures<'a>(
+    cat: &'a Catalog,
+    report: &'a HostReport,
+) -> Vec<(&'a Gpu, Option<&'a Architecture>)> {
+    report
+        .status
+        .gpus
+        .iter()
+        .map(|g| {
+            let arch = g
+                .architecture
+                .as_deref()
+                .and_then(|name| cat.architectures.iter().find(|a| a.name == name));
+            (g, arch)
+        })
+        .collect()
+}
+
+/// Every GPU must be driven by the branch.
+fn check_gpus(archs: &[(&Gpu, Option<&Architecture>)], branch: u32) -> Result<()> {
+    for (gpu, arch) in archs {
+        if let Some(a) = arch {
+            if !a.supports_branch(branch) {
+                return Err(Error::new(
+                    Reason::GpuNotSupported,
+                    format!(
+                        "GPU {} ({} {}) is not supported by driver branch {branch}{}",
+                        gpu.pci_address,
+                        a.name,
+                        gpu.device_id,
+                        branch_bounds(a)
+                    ),
+                )
+                .with_hint("pick a supported version with --driver-version"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The version's package: the catalog's URL and sha256 where it lists
+/// them, else NVIDIA's URL for the channel.
+fn package_for(cat: &Catalog, version: &str) -> Package {
+    let entry = cat.driver_for_version(version);
+    let url = entry
+        .and_then(|d| d.url.clone())
+        .unwrap_or_else(|| cat.url_for(version, entry.map_or(Channel::Datacenter, |d| d.channel)));
+    let sha256 = entry.and_then(|d| d.sha256.clone());
+    let file_name = url.rsplit('/').next().unwrap_or(&url).to_string();
+    Package {
+        url,
+        file_name,
+        checksum_known: sha256.is_some(),
+        sha256,
+        mirrors: cat.mirrors.clone(),
+    }
 }
 
 fn branch_version(cat: &Catalog, branch: &str) -> Result<String> {

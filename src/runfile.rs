@@ -133,10 +133,11 @@ pub(crate) fn parse(path: &Path, file: &mut File) -> Result<Makeself> {
         if text_to_eof {
             // All text and no payload: most likely a download cut short.
             invalid(&format!(
-                "truncated: the file ends inside its makeself header ({m})"
+                "truncated: the file ends inside its makeself header ({})",
+                m.message
             ))
         } else {
-            invalid(&m)
+            invalid(&m.message)
         }
     })?;
     // Only lines before the payload are header; a value found after it would
@@ -162,70 +163,15 @@ pub(crate) fn parse(path: &Path, file: &mut File) -> Result<Makeself> {
         None => None,
     };
 
-    let md5s = values(&header, "MD5");
-    let shas = values(&header, "SHA");
-    let crcs = values(&header, "CRCsum");
-
+    let sums = HeaderSums {
+        md5: values(&header, "MD5"),
+        sha: values(&header, "SHA"),
+        crc: values(&header, "CRCsum"),
+    };
     let (chunks, checked) = match offset {
         Offset::Head(_) => {
-            let sizes = value(&header, "filesizes")
-                .ok_or_else(|| invalid("makeself header has no filesizes"))?;
-            let sizes: Vec<u64> = sizes
-                .split_whitespace()
-                .map(|s| s.parse::<u64>())
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|_| {
-                    invalid(&format!(
-                        "makeself header has a malformed filesizes=\"{sizes}\""
-                    ))
-                })?;
-            if sizes.is_empty() {
-                return Err(invalid("makeself header has an empty filesizes"));
-            }
-            let total: u64 = sizes.iter().sum();
             let have = file_len.saturating_sub(payload_start);
-            if have < total {
-                return Err(invalid(&format!(
-                    "truncated: the header promises {total} payload bytes, the file has {have}"
-                )));
-            }
-            if let Some(t) = value(&header, "totalsize").and_then(|t| t.parse::<u64>().ok()) {
-                // makeself's own check: the payload is exactly the rest of the file.
-                if t != have {
-                    return Err(invalid(&format!(
-                        "unexpected size: the header says totalsize {t}, the file has {have} payload bytes"
-                    )));
-                }
-            }
-            let mut chunks = Vec::new();
-            let mut checked = Vec::new();
-            let mut at = payload_start;
-            for (i, size) in sizes.iter().enumerate() {
-                chunks.push(Chunk {
-                    offset: at,
-                    len: Some(*size),
-                });
-                checked.push(Checked {
-                    offset: at,
-                    len: Some(*size),
-                    expected: Expected {
-                        md5: md5s
-                            .get(i)
-                            .and_then(|v| nonzero(v))
-                            .map(str::to_ascii_lowercase),
-                        sha256: shas
-                            .get(i)
-                            .and_then(|v| nonzero(v))
-                            .map(str::to_ascii_lowercase),
-                        crc: crcs
-                            .get(i)
-                            .and_then(|v| nonzero(v))
-                            .and_then(|v| v.parse().ok()),
-                    },
-                });
-                at += size;
-            }
-            (chunks, checked)
+            head_chunks(&header, &sums, payload_start, have).map_err(|m| invalid(&m.message))?
         }
         Offset::Tail(_) => {
             // `tail -n +4 $0`: from line 4 to the end of the file.
@@ -237,20 +183,7 @@ pub(crate) fn parse(path: &Path, file: &mut File) -> Result<Makeself> {
             let checked = vec![Checked {
                 offset: from,
                 len: None,
-                expected: Expected {
-                    md5: md5s
-                        .first()
-                        .and_then(|v| nonzero(v))
-                        .map(str::to_ascii_lowercase),
-                    sha256: shas
-                        .first()
-                        .and_then(|v| nonzero(v))
-                        .map(str::to_ascii_lowercase),
-                    crc: crcs
-                        .first()
-                        .and_then(|v| nonzero(v))
-                        .and_then(|v| v.parse().ok()),
-                },
+                expected: sums.expected(0),
             }];
             (chunks, checked)
         }
@@ -418,8 +351,84 @@ fn line_offset(path: &Path, file: &mut File, n: usize) -> Result<Option<u64>> {
     Ok(Some(offset))
 }
 
-/// Finds how the header computes the payload offset. Errors are messages.
-fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
+/// The checksums a header lists, one per payload chunk.
+struct HeaderSums {
+    md5: Vec<String>,
+    sha: Vec<String>,
+    crc: Vec<String>,
+}
+
+impl HeaderSums {
+    /// The checksums of chunk `i` (a zero value means none).
+    fn expected(&self, i: usize) -> Expected {
+        let get = |v: &[String]| v.get(i).and_then(|v| nonzero(v)).map(str::to_string);
+        Expected {
+            md5: get(&self.md5).map(|v| v.to_ascii_lowercase()),
+            sha256: get(&self.sha).map(|v| v.to_ascii_lowercase()),
+            crc: get(&self.crc).and_then(|v| v.parse().ok()),
+        }
+    }
+}
+
+/// `head -n N` headers: the chunks `filesizes` lists, back to back from
+/// `payload_start`, which must add up to the `have` bytes the file holds.
+fn head_chunks(
+    header: &[&str],
+    sums: &HeaderSums,
+    payload_start: u64,
+    have: u64,
+) -> Result<(Vec<Chunk>, Vec<Checked>)> {
+    let bad = |m: String| Error::new(Reason::ArchiveInvalid, m);
+    let sizes =
+        value(header, "filesizes").ok_or_else(|| bad("makeself header has no filesizes".into()))?;
+    let sizes: Vec<u64> = sizes
+        .split_whitespace()
+        .map(|s| s.parse::<u64>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| {
+            bad(format!(
+                "makeself header has a malformed filesizes=\"{sizes}\""
+            ))
+        })?;
+    if sizes.is_empty() {
+        return Err(bad("makeself header has an empty filesizes".into()));
+    }
+    let total: u64 = sizes.iter().sum();
+    if have < total {
+        return Err(bad(format!(
+            "truncated: the header promises {total} payload bytes, the file has {have}"
+        )));
+    }
+    if let Some(t) = value(header, "totalsize").and_then(|t| t.parse::<u64>().ok()) {
+        // makeself's own check: the payload is exactly the rest of the file.
+        if t != have {
+            return Err(bad(format!(
+                "unexpected size: the header says totalsize {t}, the file has {have} payload bytes"
+            )));
+        }
+    }
+    let mut chunks = Vec::new();
+    let mut checked = Vec::new();
+    let mut at = payload_start;
+    for (i, size) in sizes.iter().enumerate() {
+        chunks.push(Chunk {
+            offset: at,
+            len: Some(*size),
+        });
+        checked.push(Checked {
+            offset: at,
+            len: Some(*size),
+            expected: sums.expected(i),
+        });
+        at += size;
+    }
+    Ok((chunks, checked))
+}
+
+/// Finds how the header computes the payload offset. Errors are
+/// ArchiveInvalid; the caller adds the file and whether it was cut short.
+fn find_offset(lines: &[&str]) -> Result<Offset> {
+    let bad = |m: String| Error::new(Reason::ArchiveInvalid, m);
     let skip_line = lines.iter().position(|l| var_value(l, "skip").is_some());
     let skip = match skip_line {
         Some(i) => {
@@ -427,7 +436,7 @@ fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
             Some((
                 i,
                 v.parse::<usize>()
-                    .map_err(|_| format!("makeself header has a malformed skip=\"{v}\""))?,
+                    .map_err(|_| bad(format!("makeself header has a malformed skip=\"{v}\"")))?,
             ))
         }
         None => None,
@@ -461,29 +470,33 @@ fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
     head_literals.sort_unstable();
     head_literals.dedup();
     if head_literals.len() > 1 {
-        return Err(format!(
+        return Err(bad(format!(
             "makeself header gives conflicting header sizes: head -n {head_literals:?}"
-        ));
+        )));
     }
     let offset = match (head_var, tail_var, skip, head_literals.first()) {
         (true, true, _, _) => {
-            return Err("makeself header uses skip both as a line count and a start line".into());
+            return Err(bad(
+                "makeself header uses skip both as a line count and a start line".into(),
+            ));
         }
         (true, false, Some((_, n)), lit) => {
             if let Some(l) = lit
                 && *l != n
             {
-                return Err(format!("makeself header gives skip={n} but head -n {l}"));
+                return Err(bad(format!(
+                    "makeself header gives skip={n} but head -n {l}"
+                )));
             }
             Offset::Head(n)
         }
         (false, true, Some((_, n)), _) => Offset::Tail(n),
         (false, _, _, Some(l)) => Offset::Head(*l),
         _ => {
-            return Err(
+            return Err(bad(
                 "no payload offset found: not a makeself header this installer knows (skip= with head -n or tail -n +)"
                     .into(),
-            );
+            ));
         }
     };
     let (n, min) = match offset {
@@ -491,9 +504,9 @@ fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
         Offset::Tail(n) => (n, 2),
     };
     if n < min {
-        return Err(format!(
+        return Err(bad(format!(
             "makeself header gives an impossible header size {n}"
-        ));
+        )));
     }
     if let Some((i, _)) = skip {
         // The line holding skip= must itself be header, not payload.
@@ -502,7 +515,7 @@ fn find_offset(lines: &[&str]) -> std::result::Result<Offset, String> {
             Offset::Tail(n) => n - 1,
         };
         if i >= header_lines && (head_var || tail_var) {
-            return Err("skip= lies outside the header it describes".into());
+            return Err(bad("skip= lies outside the header it describes".into()));
         }
     }
     Ok(offset)

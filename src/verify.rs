@@ -210,25 +210,7 @@ fn verify_inner(root: &HostRoot, smi: &Path, st: &mut VerifyStatus) -> Result<St
     if !libs.is_empty() {
         cmd.env("LD_LIBRARY_PATH", libs.join(":"));
     }
-    let out = cmd
-        .output()
-        .map_err(|e| Error::io(Reason::VerifyFailed, "running", smi, e))?;
-    if !out.status.success() {
-        let text = String::from_utf8_lossy(if out.stdout.is_empty() {
-            &out.stderr
-        } else {
-            &out.stdout
-        });
-        return Err(Error::new(
-            Reason::VerifyFailed,
-            format!(
-                "{} exited with {}: {}",
-                smi.display(),
-                out.status,
-                text.trim()
-            ),
-        ));
-    }
+    let out = crate::process::run(&mut cmd, Reason::VerifyFailed)?;
     st.gpus = parse_smi_csv(&String::from_utf8_lossy(&out.stdout))?;
     check(&st.gpus, st.expected_driver_version.as_deref(), count)
 }
