@@ -135,6 +135,22 @@ impl Config {
         }
     }
 
+    /// The fetch options with the package cache resolved: `--cache-dir` as
+    /// given, else the host's package cache, created and resolved inside
+    /// the host root (a link there never leads the download elsewhere).
+    fn confined_fetch_options(&self) -> Result<FetchOptions> {
+        let mut opts = self.fetch_options();
+        if self.download.cache_dir.is_none() {
+            opts.cache_dir = self.host_dir(PACKAGE_CACHE)?;
+        }
+        Ok(opts)
+    }
+
+    /// A directory of the host's, created and resolved inside the host root.
+    fn host_dir(&self, rel: &str) -> Result<PathBuf> {
+        self.root.fs()?.real_dir(rel)
+    }
+
     fn install_options(&self, artifact: PathBuf) -> InstallOptions<'_> {
         InstallOptions {
             root: &self.root,
@@ -226,11 +242,10 @@ pub fn fetch(cfg: &Config) -> FetchResult {
 /// Downloads `--url` or the plan's package, verified, through the cache's
 /// package mirror when there is a cache.
 fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
-    let opts = cfg.fetch_options();
     let failed = |e: &Error| {
         fetch::fetch_package_failed(
             cfg.download.url.clone().unwrap_or_default(),
-            &opts,
+            &cfg.fetch_options(),
             Outcome::from_error(e),
         )
     };
@@ -255,6 +270,10 @@ fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
     };
     let cache = match cfg.checked_cache() {
         Ok(c) => c,
+        Err(e) => return failed(&e),
+    };
+    let opts = match cfg.confined_fetch_options() {
+        Ok(o) => o,
         Err(e) => return failed(&e),
     };
     match cache {
@@ -317,6 +336,10 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
         Ok(c) => opts.cache = c.cloned(),
         Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
     }
+    match cfg.host_dir(BUILD_CACHE) {
+        Ok(d) => opts.out_dir = d,
+        Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+    }
     if let Some(h) = &st.headers {
         match headers_for(cfg, h, &release) {
             Ok(dir) => opts.headers = dir,
@@ -333,7 +356,7 @@ fn headers_for(cfg: &Config, h: &resolve::Headers, release: &str) -> Result<Opti
     match h.source {
         resolve::HeadersSource::Installed => Ok(h.path.as_ref().map(|p| root.join(p))),
         resolve::HeadersSource::Package => {
-            let scratch = root.join(HEADERS_CACHE).join(release);
+            let scratch = cfg.host_dir(HEADERS_CACHE)?.join(release);
             if scratch.join("usr/src").is_dir() {
                 // Downloaded by an earlier run: the tree is renamed into
                 // place only when complete.
@@ -347,7 +370,7 @@ fn headers_for(cfg: &Config, h: &resolve::Headers, release: &str) -> Result<Opti
                 h.repository.as_deref().unwrap_or_default(),
                 h.suite.as_deref().unwrap_or_default(),
                 release,
-                &cfg.fetch_options(),
+                &cfg.confined_fetch_options()?,
                 &scratch,
             )
             .map(|t| Some(t.arch_dir))

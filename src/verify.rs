@@ -129,8 +129,11 @@ pub fn check(gpus: &[SmiGpu], want_version: Option<&str>, want_count: usize) -> 
     ))
 }
 
+/// The current driver root, its links resolved inside the host root (a
+/// host whose `var/lib` is an absolute link keeps its drivers inside it).
 fn current_root(root: &HostRoot) -> PathBuf {
-    root.join(DRIVERS_DIR).join("current")
+    let rel = Path::new(DRIVERS_DIR).join("current");
+    root.resolve(&rel).unwrap_or_else(|| root.join(&rel))
 }
 
 /// The current driver root's manifest version.

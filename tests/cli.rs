@@ -650,3 +650,38 @@ fn copy_self_hands_over_an_executable_copy() {
         .unwrap();
     assert!(String::from_utf8_lossy(&v.stdout).starts_with("gpu-driver-installer "));
 }
+
+#[test]
+fn the_package_cache_stays_inside_a_host_root_whose_var_cache_is_a_link() {
+    // A host root whose var/cache is an absolute link: in chroot terms it
+    // names <root>/<outside>, never the installer's own <outside>.
+    let host = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let root = host.path().join("root");
+    fs::create_dir_all(root.join("var")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("var/cache")).unwrap();
+    let sum = "0".repeat(64);
+    let r = run(&[
+        "--host-root",
+        root.to_str().unwrap(),
+        "fetch",
+        "--url",
+        "https://download.invalid/NVIDIA-Linux-x86_64-580.95.05.run",
+        "--sha256",
+        &sum,
+        "--offline",
+    ]);
+    assert_eq!(r.doc["status"]["reason"], "NotCached", "{}", r.doc);
+    assert_eq!(
+        fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "a write left the host root"
+    );
+    let inside = root
+        .join(outside.path().strip_prefix("/").unwrap())
+        .join("gpu-driver/packages");
+    assert!(
+        inside.is_dir(),
+        "the package cache was not made inside the root"
+    );
+}
