@@ -28,6 +28,7 @@ use super::metrics::Metrics;
 use super::outcome::{self, JobState, PodResult};
 use super::status;
 use crate::report::{Phase, Reason};
+use crate::text::truncate;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -118,17 +119,6 @@ fn job_is_terminal(job: &Job) -> bool {
                     )
             })
         })
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut n = max;
-    while !s.is_char_boundary(n) {
-        n -= 1;
-    }
-    format!("{}…", &s[..n])
 }
 
 impl Context {
@@ -486,34 +476,7 @@ async fn handle_finished(
         return Ok(Action::await_change());
     }
     if succeeded && let Some(r) = &result {
-        ctx.patch_node(&node_name, &ready_patch(gd, node, key, &name, r, now))
-            .await?;
-        ctx.memo().handled.insert(name.clone(), Instant::now());
-        m.inc("gpu_driver_installs_total", &[("result", "succeeded")]);
-        m.inc(
-            "gpu_driver_cache_total",
-            &[("outcome", r.cache.as_deref().unwrap_or("Unknown"))],
-        );
-        if let Some(s) = outcome::job_seconds(job, now.as_second()) {
-            m.observe_duration(s);
-        }
-        let version = r
-            .installed
-            .as_ref()
-            .and_then(|i| i.driver_version.clone())
-            .unwrap_or_else(|| "unknown".into());
-        ctx.event(
-            node,
-            EventType::Normal,
-            "DriverInstalled",
-            format!(
-                "NVIDIA driver {version} installed for kernel {} by Job {name}",
-                f.kernel
-            ),
-        )
-        .await;
-        tracing::info!("node {node_name}: driver {version} installed");
-        return Ok(Action::await_change());
+        return mark_installed(ctx, gd, node, job, key, r, now).await;
     }
 
     // Failed: the Job failed, or a pod "succeeded" without a result that
@@ -554,6 +517,50 @@ async fn handle_finished(
     m.inc("gpu_driver_install_failures_total", &[("reason", &reason)]);
     tracing::warn!("node {node_name}: {reason}: {message}; retry in {wait}s");
     Ok(Action::requeue(Duration::from_secs(wait.max(1))))
+}
+
+/// An install Job whose result says installed: the node gets its ready
+/// patch, the metrics and a Normal Event.
+async fn mark_installed(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    job: &Job,
+    key: &str,
+    r: &PodResult,
+    now: Timestamp,
+) -> Result<Action, Error> {
+    let name = job.name_any();
+    let node_name = node.name_any();
+    let m = &ctx.metrics;
+    ctx.patch_node(&node_name, &ready_patch(gd, node, key, &name, r, now))
+        .await?;
+    ctx.memo().handled.insert(name.clone(), Instant::now());
+    m.inc("gpu_driver_installs_total", &[("result", "succeeded")]);
+    m.inc(
+        "gpu_driver_cache_total",
+        &[("outcome", r.cache.as_deref().unwrap_or("Unknown"))],
+    );
+    if let Some(s) = outcome::job_seconds(job, now.as_second()) {
+        m.observe_duration(s);
+    }
+    let version = r
+        .installed
+        .as_ref()
+        .and_then(|i| i.driver_version.clone())
+        .unwrap_or_else(|| "unknown".into());
+    ctx.event(
+        node,
+        EventType::Normal,
+        "DriverInstalled",
+        format!(
+            "NVIDIA driver {version} installed for kernel {} by Job {name}",
+            facts(node).kernel
+        ),
+    )
+    .await;
+    tracing::info!("node {node_name}: driver {version} installed");
+    Ok(Action::await_change())
 }
 
 fn error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {

@@ -99,14 +99,46 @@ pub fn installer_args(gd: &GpuDriver, role: JobRole) -> Vec<String> {
 }
 
 pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
-    let spec = &gd.spec;
-    let role = req.role.as_str();
+    let labels = labels(gd, req.role);
+    let annotations = BTreeMap::from([
+        (keys::NODE.to_string(), req.node.to_string()),
+        (keys::KEY.to_string(), req.key.to_string()),
+    ]);
+    let mut pod_annotations = gd.spec.pod_annotations.clone();
+    pod_annotations.extend(annotations.clone());
+    Job {
+        metadata: ObjectMeta {
+            name: Some(req.name.to_string()),
+            namespace: Some(req.namespace.to_string()),
+            labels: Some(labels.clone()),
+            annotations: Some(annotations),
+            owner_references: owner(gd).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: Some(pod_annotations),
+                    ..Default::default()
+                }),
+                spec: Some(pod_spec(gd, req)),
+            },
+            ..job_limits(gd, req.role)
+        }),
+        status: None,
+    }
+}
+
+/// The labels of the Job and its pod: managed-by, role, name, and the
+/// owning GpuDriver where its name fits a label value.
+fn labels(gd: &GpuDriver, role: JobRole) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (
             keys::MANAGED_BY_LABEL.to_string(),
             keys::MANAGED_BY.to_string(),
         ),
-        (keys::ROLE_LABEL.to_string(), role.to_string()),
+        (keys::ROLE_LABEL.to_string(), role.as_str().to_string()),
         (
             "app.kubernetes.io/name".to_string(),
             "gpu-driver-installer".to_string(),
@@ -115,11 +147,81 @@ pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
     if let Some(n) = gd.metadata.name.as_ref().filter(|n| n.len() <= 63) {
         labels.insert(keys::OWNER_LABEL.to_string(), n.clone());
     }
-    let annotations = BTreeMap::from([
-        (keys::NODE.to_string(), req.node.to_string()),
-        (keys::KEY.to_string(), req.key.to_string()),
-    ]);
+    labels
+}
 
+/// Retries, deadlines, cleanup and the pod failure policy; the template is
+/// the caller's.
+fn job_limits(gd: &GpuDriver, role: JobRole) -> JobSpec {
+    let settings = &gd.spec.job;
+    JobSpec {
+        backoff_limit: Some(match role {
+            JobRole::Install => settings.backoff_limit,
+            JobRole::Detect => 1,
+        }),
+        active_deadline_seconds: Some(match role {
+            JobRole::Install => settings.active_deadline_seconds,
+            JobRole::Detect => 300,
+        }),
+        ttl_seconds_after_finished: Some(settings.ttl_seconds_after_finished),
+        pod_failure_policy: Some(pod_failure_policy()),
+        ..Default::default()
+    }
+}
+
+fn pod_failure_policy() -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![
+            PodFailurePolicyRule {
+                action: "FailJob".into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some(MAIN_CONTAINER.into()),
+                    operator: "In".into(),
+                    values: fail_job_codes(),
+                }),
+                ..Default::default()
+            },
+            // A drained or preempted node is not the Job's fault.
+            PodFailurePolicyRule {
+                action: "Ignore".into(),
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".into(),
+                    status: "True".into(),
+                }]),
+                ..Default::default()
+            },
+        ],
+    }
+}
+
+/// The emptyDir the init container fills and the installer runs from.
+const VOLUME: &str = "installer";
+
+fn pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
+    let spec = &gd.spec;
+    PodSpec {
+        node_name: Some(req.node.to_string()),
+        host_pid: Some(true),
+        restart_policy: Some("Never".into()),
+        service_account_name: Some(SERVICE_ACCOUNT.into()),
+        automount_service_account_token: Some(false),
+        priority_class_name: Some("system-node-critical".into()),
+        tolerations: Some(tolerations(gd)),
+        image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+            .then(|| spec.image_pull_secrets.clone()),
+        init_containers: Some(vec![copy_container(gd)]),
+        containers: vec![installer_container(gd, req)],
+        volumes: Some(vec![Volume {
+            name: VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+fn tolerations(gd: &GpuDriver) -> Vec<Toleration> {
+    let spec = &gd.spec;
     let mut tolerations: Vec<Toleration> = spec.tolerations.clone();
     if let Some(t) = &spec.startup_taint {
         tolerations.push(Toleration {
@@ -140,18 +242,22 @@ pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
             ..Default::default()
         });
     }
+    tolerations
+}
 
-    let volume = "installer";
-    let copy = Container {
+/// Init container `copy-installer`: the static installer copies itself
+/// from the installer image into the emptyDir, unprivileged.
+fn copy_container(gd: &GpuDriver) -> Container {
+    Container {
         name: "copy-installer".into(),
-        image: Some(spec.installer_image.clone()),
+        image: Some(gd.spec.installer_image.clone()),
         command: Some(vec![
             INSTALLER_IN_IMAGE.into(),
             "copy-self".into(),
             INSTALLER_PATH.into(),
         ]),
         volume_mounts: Some(vec![VolumeMount {
-            name: volume.into(),
+            name: VOLUME.into(),
             mount_path: INSTALLER_DIR.into(),
             ..Default::default()
         }]),
@@ -167,29 +273,20 @@ pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
             ..Default::default()
         }),
         ..Default::default()
-    };
-    let env_from = spec
-        .cache
-        .as_ref()
-        .and_then(|c| c.secret_name.clone())
-        .filter(|_| req.role == JobRole::Install)
-        .map(|name| {
-            vec![EnvFromSource {
-                secret_ref: Some(SecretEnvSource {
-                    name,
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }]
-        });
-    let main = Container {
+    }
+}
+
+/// Container `installer`: the copied installer in the job's image (the
+/// builder image for install, the installer image for detect).
+fn installer_container(gd: &GpuDriver, req: &JobRequest<'_>) -> Container {
+    Container {
         name: MAIN_CONTAINER.into(),
         image: Some(req.image.to_string()),
         command: Some(vec![INSTALLER_PATH.into()]),
         args: Some(installer_args(gd, req.role)),
-        env_from,
+        env_from: cache_credentials(gd, req.role),
         volume_mounts: Some(vec![VolumeMount {
-            name: volume.into(),
+            name: VOLUME.into(),
             mount_path: INSTALLER_DIR.into(),
             read_only: Some(true),
             ..Default::default()
@@ -205,87 +302,33 @@ pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
         // the log tail is the next best thing.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
-    };
-
-    let pod = PodSpec {
-        node_name: Some(req.node.to_string()),
-        host_pid: Some(true),
-        restart_policy: Some("Never".into()),
-        service_account_name: Some(SERVICE_ACCOUNT.into()),
-        automount_service_account_token: Some(false),
-        priority_class_name: Some("system-node-critical".into()),
-        tolerations: Some(tolerations),
-        image_pull_secrets: (!spec.image_pull_secrets.is_empty())
-            .then(|| spec.image_pull_secrets.clone()),
-        init_containers: Some(vec![copy]),
-        containers: vec![main],
-        volumes: Some(vec![Volume {
-            name: volume.into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    };
-
-    let job_settings = &spec.job;
-    Job {
-        metadata: ObjectMeta {
-            name: Some(req.name.to_string()),
-            namespace: Some(req.namespace.to_string()),
-            labels: Some(labels.clone()),
-            annotations: Some(annotations.clone()),
-            owner_references: owner(gd).map(|o| vec![o]),
-            ..Default::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(match req.role {
-                JobRole::Install => job_settings.backoff_limit,
-                JobRole::Detect => 1,
-            }),
-            active_deadline_seconds: Some(match req.role {
-                JobRole::Install => job_settings.active_deadline_seconds,
-                JobRole::Detect => 300,
-            }),
-            ttl_seconds_after_finished: Some(job_settings.ttl_seconds_after_finished),
-            pod_failure_policy: Some(PodFailurePolicy {
-                rules: vec![
-                    PodFailurePolicyRule {
-                        action: "FailJob".into(),
-                        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                            container_name: Some(MAIN_CONTAINER.into()),
-                            operator: "In".into(),
-                            values: fail_job_codes(),
-                        }),
-                        ..Default::default()
-                    },
-                    // A drained or preempted node is not the Job's fault.
-                    PodFailurePolicyRule {
-                        action: "Ignore".into(),
-                        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
-                            type_: "DisruptionTarget".into(),
-                            status: "True".into(),
-                        }]),
-                        ..Default::default()
-                    },
-                ],
-            }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    annotations: Some({
-                        let mut a = spec.pod_annotations.clone();
-                        a.extend(annotations);
-                        a
-                    }),
-                    ..Default::default()
-                }),
-                spec: Some(pod),
-            },
-            ..Default::default()
-        }),
-        status: None,
     }
 }
+
+/// The cache's credentials Secret as environment, for install Jobs only
+/// (detect never touches the cache).
+fn cache_credentials(gd: &GpuDriver, role: JobRole) -> Option<Vec<EnvFromSource>> {
+    gd.spec
+        .cache
+        .as_ref()
+        .and_then(|c| c.secret_name.clone())
+        .filter(|_| role == JobRole::Install)
+        .map(|name| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource {
+                    name,
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }]
+        })
+}
+
+/// The node's plan is not an install Job (no GPU, no builder image, …):
+/// nothing for `job-template` to print.
+#[derive(Debug, thiserror::Error)]
+#[error("no install Job for that node: {0:?}")]
+pub struct NoInstallJob(pub super::decide::Plan);
 
 /// The install Job for a made-up GPU node: what `deploy/job-template.yaml`
 /// shows.
@@ -295,7 +338,7 @@ pub fn example(
     os_image: &str,
     kernel: &str,
     namespace: &str,
-) -> Result<Job, String> {
+) -> Result<Job, NoInstallJob> {
     let facts = super::decide::NodeFacts {
         name: node.to_string(),
         kernel: kernel.to_string(),
@@ -319,7 +362,7 @@ pub fn example(
                 key: &key,
             },
         )),
-        other => Err(format!("no install Job for that node: {other:?}")),
+        other => Err(NoInstallJob(other)),
     }
 }
 

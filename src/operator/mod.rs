@@ -9,8 +9,10 @@
 //! - [`outcome`]: reading a Job pod's termination message (the installer's
 //!   own result documents);
 //! - [`controller`]: the watch-based reconciler;
-//! - [`status`], [`metrics`], [`leader`]; [`naive`]: the polling baseline
-//!   the benchmark compares against; [`cli`]: the binary's commands.
+//! - [`status`], [`metrics`], [`leader`]; [`cli`]: the binary's commands.
+//!
+//! The benchmark's polling baseline is not here: it lives with the
+//! benchmark (`examples/bench_operator/naive.rs`).
 
 pub mod cli;
 pub mod controller;
@@ -19,7 +21,6 @@ pub mod decide;
 pub mod job;
 pub mod leader;
 pub mod metrics;
-pub mod naive;
 pub mod outcome;
 pub mod status;
 

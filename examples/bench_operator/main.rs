@@ -1,7 +1,7 @@
 //! One run of `scripts/bench-operator` against a cluster that script
 //! started: N simulated Garden Linux GPU nodes from nothing to all ready,
-//! with the operator (watch-based) or the naive polling baseline, in this
-//! process. Prints one JSON line: convergence seconds and the write
+//! with the operator (watch-based) or the naive polling baseline
+//! ([`naive`], which only this benchmark builds), in this process. Prints one JSON line: convergence seconds and the write
 //! requests the apiserver counted (apiserver_request_total, after minus
 //! before) on what only the operator writes: Job creates, node patches (not
 //! nodes/status: KWOK's heartbeats), events.k8s.io Events and GpuDriver
@@ -19,7 +19,6 @@ use gpu_driver::operator::controller::{self, Options};
 use gpu_driver::operator::crd::GpuDriver;
 use gpu_driver::operator::keys;
 use gpu_driver::operator::metrics::Metrics;
-use gpu_driver::operator::naive;
 use gpu_driver::report::{Kind, Outcome, Reason};
 use gpu_driver::run::{Installed, RunSpec, Steps};
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -27,6 +26,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, CustomResourceExt};
 use serde_json::json;
+
+mod naive;
 
 const NS: &str = "gpu-driver";
 

@@ -2,7 +2,9 @@
 //! does. Every interval it lists the nodes and, for each one not yet
 //! installed, reads it again, (re)creates its Job, reads the Job and its
 //! pods, and patches the node when done. Same decisions, same Jobs, same
-//! node patch as the real controller: only the polling differs.
+//! node patch as the real controller: only the polling differs. It lives
+//! with the benchmark, not in the operator binary: a yardstick, never
+//! something to deploy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,13 +16,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::controller::{driver_for, facts, ready_patch};
-use super::crd::GpuDriver;
-use super::decide::{self, Plan};
-use super::job::{self, JobRequest};
-use super::metrics::Metrics;
-use super::outcome::{self, JobState};
-use crate::report::Phase;
+use gpu_driver::operator::controller::{driver_for, facts, ready_patch};
+use gpu_driver::operator::crd::GpuDriver;
+use gpu_driver::operator::decide::{self, Plan};
+use gpu_driver::operator::job::{self, JobRequest};
+use gpu_driver::operator::metrics::Metrics;
+use gpu_driver::operator::outcome::{self, JobState};
+use gpu_driver::report::Phase;
 
 /// Polls until `shutdown` resolves.
 pub async fn run(
