@@ -175,43 +175,157 @@ pub fn check_url(url: &str, allow_http: bool) -> Result<()> {
     }
 }
 
-/// The HTTP agent: TLS via rustls (bundled web roots, plus `ca_bundle`),
-/// `HTTPS_PROXY`/`NO_PROXY` from the environment, HTTPS-only redirects
-/// unless plain HTTP is allowed, status codes handled by us.
-pub fn agent(opts: &FetchOptions) -> Result<ureq::Agent> {
-    let mut tls = ureq::tls::TlsConfig::builder();
+/// Redirects followed per request.
+const MAX_REDIRECTS: usize = 5;
+
+/// The HTTP client (reqwest, blocking): TLS via rustls with ring (the
+/// bundled web roots, plus `ca_bundle`), one proxy from the environment
+/// ([`proxy_from_env`]), at most 5 redirects and never from HTTPS to plain
+/// HTTP, HTTPS only unless plain HTTP is allowed, no content decoding (the
+/// bytes hashed are the bytes served), status codes handled by us.
+///
+/// `timeouts.read` bounds the wait for the response head (counted from the
+/// start of the request, connecting included) and every single read of the
+/// body; `timeouts.connect` bounds connecting alone.
+pub fn agent(opts: &FetchOptions) -> Result<reqwest::blocking::Client> {
+    let mut roots = crate::tls::web_roots();
     if let Some(path) = &opts.ca_bundle {
         let pem = fs::read(path)
             .map_err(|e| Error::io(Reason::InvalidArgument, "reading CA bundle", path, e))?;
-        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
+        let certs = crate::tls::pem_certificates(&pem).map_err(|e| {
+            Error::new(
+                Reason::InvalidArgument,
+                format!("CA bundle {} is not valid PEM: {e}", path.display()),
+            )
+        })?;
         if certs.is_empty() {
             return Err(Error::new(
                 Reason::InvalidArgument,
                 format!("CA bundle {} holds no PEM certificate", path.display()),
             ));
         }
-        tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(Error::new(
+                Reason::InvalidArgument,
+                format!(
+                    "CA bundle {} holds no usable CA certificate",
+                    path.display()
+                ),
+            ));
+        }
     }
-    let config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
+    let tls = crate::tls::client_config(roots)
+        .map_err(|e| Error::new(Reason::Internal, format!("configuring TLS: {e}")))?;
+    // The environment's proxy is chosen here, not by reqwest (no_proxy
+    // first turns its own lookup off).
+    let mut builder = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(tls)
         .https_only(!opts.allow_http)
-        .max_redirects(5)
-        .proxy(ureq::Proxy::try_from_env())
-        .timeout_connect(Some(opts.timeouts.connect))
-        .timeout_recv_response(Some(opts.timeouts.read))
-        .timeout_per_read(Some(opts.timeouts.read))
+        .redirect(redirect_policy())
+        .connect_timeout(opts.timeouts.connect)
+        .timeout(opts.timeouts.read)
+        .http1_only()
+        .no_gzip()
+        .no_brotli()
+        .no_zstd()
+        .no_deflate()
         .user_agent(format!(
             "gpu-driver-installer/{}",
             env!("CARGO_PKG_VERSION")
-        ))
-        .tls_config(tls.build())
-        .build();
-    Ok(config.new_agent())
+        ));
+    if let Some(proxy) = proxy_from_env() {
+        builder = builder.proxy(proxy);
+    }
+    builder.build().map_err(|e| {
+        Error::new(
+            Reason::Internal,
+            format!("building the HTTP client: {}", describe(&e)),
+        )
+    })
+}
+
+/// The proxy for every URL: the first usable of `ALL_PROXY`, `HTTPS_PROXY`
+/// and `HTTP_PROXY` (upper or lower case), bypassed for the hosts in
+/// `NO_PROXY`. HTTPS goes through it with CONNECT; plain HTTP (only with
+/// `--allow-http`) is forwarded by it.
+fn proxy_from_env() -> Option<reqwest::Proxy> {
+    const VARS: [&str; 6] = [
+        "ALL_PROXY",
+        "all_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+    ];
+    for var in VARS {
+        let Ok(value) = std::env::var(var) else {
+            continue;
+        };
+        if value.trim().is_empty() {
+            continue;
+        }
+        match reqwest::Proxy::all(value.trim()) {
+            Ok(p) => return Some(p.no_proxy(reqwest::NoProxy::from_env())),
+            // The value may hold credentials: name the variable only.
+            Err(_) => tracing::warn!("{var} is not a usable proxy URL; ignoring it"),
+        }
+    }
+    None
+}
+
+/// At most [`MAX_REDIRECTS`] redirects, none from HTTPS to plain HTTP
+/// (whether or not plain HTTP is allowed).
+fn redirect_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        if attempt.previous().len() > MAX_REDIRECTS {
+            let msg = format!("more than {MAX_REDIRECTS} redirects");
+            attempt.error(msg)
+        } else if attempt.url().scheme() != "https"
+            && attempt.previous().iter().any(|u| u.scheme() == "https")
+        {
+            let msg = format!(
+                "refusing a redirect from HTTPS to {}",
+                redacted(attempt.url())
+            );
+            attempt.error(msg)
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+/// A URL as it may be shown: without user info or query (either may hold a
+/// credential, e.g. a signed mirror URL).
+fn redacted(url: &reqwest::Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.set_query(None);
+    u.to_string()
+}
+
+/// An error with its causes. reqwest's own message is terse ("error sending
+/// request"); the causes say what happened (refused, timed out, which
+/// certificate problem).
+pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let m = c.to_string();
+        if !text.contains(&m) {
+            text.push_str(": ");
+            text.push_str(&m);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// A request's error, described without its URL (the caller names it).
+pub(crate) fn describe_http_error(e: reqwest::Error) -> String {
+    describe(&e.without_url())
 }
 
 /// Fetches the package into `<cache_dir>/<sha256>`, verified.
@@ -334,7 +448,7 @@ pub fn fetch(opts: &FetchOptions) -> Result<Fetched, FetchError> {
 
 /// One URL, with retries. Returns the verified size.
 fn fetch_from(
-    agent: &ureq::Agent,
+    agent: &reqwest::blocking::Client,
     url: &str,
     sha: &str,
     partial: &Path,
@@ -410,23 +524,32 @@ fn transient(msg: String, retryable: bool) -> Transient {
 
 /// A server certificate the trusted roots reject (unknown issuer, wrong
 /// name, expired): configuration, not weather, so a retry only delays the
-/// answer. rustls reports it as its own error, or wrapped in the handshake's
-/// io::Error.
-fn is_certificate_error(e: &ureq::Error) -> bool {
+/// answer. rustls reports it as its own error, somewhere in the chain of
+/// causes, usually wrapped in the handshake's io::Error (whose `source`
+/// skips the wrapped error itself, hence the look inside).
+fn is_certificate_error(e: &(dyn std::error::Error + 'static)) -> bool {
     let bad = |r: &rustls::Error| {
         matches!(
             r,
             rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
         )
     };
-    match e {
-        ureq::Error::Rustls(r) => bad(r),
-        ureq::Error::Io(io) => io
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            .is_some_and(bad),
-        _ => false,
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<rustls::Error>().is_some_and(bad) {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| is_certificate_error(inner))
+            {
+                return true;
+            }
+        }
+        cur = err.source();
     }
+    false
 }
 
 /// HTTP statuses worth retrying: timeouts, throttling, server errors.
@@ -437,7 +560,7 @@ pub fn retryable_status(code: u16) -> bool {
 /// One request: appends to the partial file when the server answers 206 to
 /// our Range, starts over on 200.
 fn download_once(
-    agent: &ureq::Agent,
+    agent: &reqwest::blocking::Client,
     url: &str,
     partial: &Path,
     opts: &FetchOptions,
@@ -446,16 +569,18 @@ fn download_once(
     let have = fs::metadata(partial).map(|m| m.len()).unwrap_or(0);
     let mut req = agent.get(url);
     if have > 0 {
-        req = req.header("Range", format!("bytes={have}-"));
+        req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
     }
-    let resp = req.call().map_err(|e| {
-        if is_certificate_error(&e) {
+    let resp = req.send().map_err(|e| {
+        let certificate = is_certificate_error(&e);
+        let e = describe_http_error(e);
+        if certificate {
             transient(
                 format!("TLS certificate not trusted, not retried ({e}); a private mirror's CA goes in --ca-bundle"),
                 false,
             )
         } else {
-            transient(format!("{e}"), true)
+            transient(e, true)
         }
     })?;
     let status = resp.status().as_u16();
@@ -535,8 +660,7 @@ fn download_once(
     }
     let total = expected_len.map(|n| n + start);
     let mut progress = Progress::new(url, total, start, opts.progress_bar);
-    let mut body = resp.into_body();
-    let mut reader = body.as_reader();
+    let mut reader = resp;
     let mut hashing = ParallelHasher::new(hasher);
     let mut got = 0u64;
     let mut flushed = 0u64;
@@ -553,7 +677,7 @@ fn download_once(
                 attempt.bytes = got;
                 progress.finish();
                 return Err(transient(
-                    format!("{url}: connection lost after {got} bytes: {e}"),
+                    format!("{url}: connection lost after {got} bytes: {}", describe(&e)),
                     true,
                 ));
             }
@@ -1102,16 +1226,15 @@ pub fn fetch_text(opts: &FetchOptions, url: &str) -> Result<String> {
         if retry > 0 {
             std::thread::sleep(opts.retry.backoff(retry, None));
         }
-        match agent.get(url).call() {
+        match agent.get(url).send() {
             Ok(resp) if resp.status().as_u16() == 200 => {
                 let mut text = String::new();
-                resp.into_body()
-                    .as_reader()
-                    .take(1 << 20)
-                    .read_to_string(&mut text)
-                    .map_err(|e| {
-                        Error::new(Reason::DownloadFailed, format!("reading {url}: {e}"))
-                    })?;
+                resp.take(1 << 20).read_to_string(&mut text).map_err(|e| {
+                    Error::new(
+                        Reason::DownloadFailed,
+                        format!("reading {url}: {}", describe(&e)),
+                    )
+                })?;
                 return Ok(text);
             }
             Ok(resp) if retryable_status(resp.status().as_u16()) => {
@@ -1123,7 +1246,7 @@ pub fn fetch_text(opts: &FetchOptions, url: &str) -> Result<String> {
                     format!("{url} answered HTTP {}", resp.status().as_u16()),
                 ));
             }
-            Err(e) => last = Some(e.to_string()),
+            Err(e) => last = Some(describe_http_error(e)),
         }
     }
     Err(Error::new(

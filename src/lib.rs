@@ -23,6 +23,7 @@ pub mod resolve;
 pub mod run;
 mod runfile;
 pub mod schema;
+pub mod tls;
 pub mod userspace;
 pub mod verify;
 

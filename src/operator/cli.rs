@@ -129,7 +129,7 @@ fn execute(command: Command) -> Result<(), String> {
             interval_ms,
         } => runtime()?.block_on(async move {
             let client = {
-                crate::operator::init_tls();
+                crate::tls::init();
                 kube::Client::try_default()
             }
             .await
@@ -165,7 +165,7 @@ async fn shutdown_signal() {
 
 async fn run(args: RunArgs) -> Result<(), String> {
     let client = {
-        crate::operator::init_tls();
+        crate::tls::init();
         kube::Client::try_default()
     }
     .await
