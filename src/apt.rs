@@ -373,16 +373,11 @@ fn fetch_small_text(opts: &FetchOptions, url: &str) -> Result<Option<String>> {
         if retry > 0 {
             std::thread::sleep(opts.retry.backoff(retry, None));
         }
-        match agent.get(url).call() {
+        match agent.get(url).send() {
             Ok(resp) => match resp.status().as_u16() {
                 200 => {
                     let mut buf = Vec::new();
-                    match resp
-                        .into_body()
-                        .as_reader()
-                        .take(MAX_RELEASE_BYTES + 1)
-                        .read_to_end(&mut buf)
-                    {
+                    match resp.take(MAX_RELEASE_BYTES + 1).read_to_end(&mut buf) {
                         Ok(_) if buf.len() as u64 > MAX_RELEASE_BYTES => {
                             return Err(Error::new(
                                 Reason::ArchiveInvalid,
@@ -394,7 +389,7 @@ fn fetch_small_text(opts: &FetchOptions, url: &str) -> Result<Option<String>> {
                                 Error::new(Reason::ArchiveInvalid, format!("{url} is not UTF-8"))
                             });
                         }
-                        Err(e) => last = format!("reading the body: {e}"),
+                        Err(e) => last = format!("reading the body: {}", fetch::describe(&e)),
                     }
                 }
                 404 | 410 => return Ok(None),
@@ -406,7 +401,7 @@ fn fetch_small_text(opts: &FetchOptions, url: &str) -> Result<Option<String>> {
                     ));
                 }
             },
-            Err(e) => last = e.to_string(),
+            Err(e) => last = fetch::describe_http_error(e),
         }
         tracing::info!("{url}: {last}; retrying");
     }

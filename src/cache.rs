@@ -378,6 +378,8 @@ impl Store {
             max_retries: 2,
             retry_timeout: Duration::from_secs(20),
         };
+        // object_store's reqwest client takes the process's crypto provider.
+        crate::tls::init();
         let client = tls_roots(
             ClientOptions::new()
                 .with_connect_timeout(Duration::from_secs(5))

@@ -175,43 +175,157 @@ pub fn check_url(url: &str, allow_http: bool) -> Result<()> {
     }
 }
 
-/// The HTTP agent: TLS via rustls (bundled web roots, plus `ca_bundle`),
-/// `HTTPS_PROXY`/`NO_PROXY` from the environment, HTTPS-only redirects
-/// unless plain HTTP is allowed, status codes handled by us.
-pub fn agent(opts: &FetchOptions) -> Result<ureq::Agent> {
-    let mut tls = ureq::tls::TlsConfig::builder();
+/// Redirects followed per request.
+const MAX_REDIRECTS: usize = 5;
+
+/// The HTTP client (reqwest, blocking): TLS via rustls with ring (the
+/// bundled web roots, plus `ca_bundle`), one proxy from the environment
+/// ([`proxy_from_env`]), at most 5 redirects and never from HTTPS to plain
+/// HTTP, HTTPS only unless plain HTTP is allowed, no content decoding (the
+/// bytes hashed are the bytes served), status codes handled by us.
+///
+/// `timeouts.read` bounds the wait for the response head (counted from the
+/// start of the request, connecting included) and every single read of the
+/// body; `timeouts.connect` bounds connecting alone.
+pub fn agent(opts: &FetchOptions) -> Result<reqwest::blocking::Client> {
+    let mut roots = crate::tls::web_roots();
     if let Some(path) = &opts.ca_bundle {
         let pem = fs::read(path)
             .map_err(|e| Error::io(Reason::InvalidArgument, "reading CA bundle", path, e))?;
-        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
+        let certs = crate::tls::pem_certificates(&pem).map_err(|e| {
+            Error::new(
+                Reason::InvalidArgument,
+                format!("CA bundle {} is not valid PEM: {e}", path.display()),
+            )
+        })?;
         if certs.is_empty() {
             return Err(Error::new(
                 Reason::InvalidArgument,
                 format!("CA bundle {} holds no PEM certificate", path.display()),
             ));
         }
-        tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(Error::new(
+                Reason::InvalidArgument,
+                format!(
+                    "CA bundle {} holds no usable CA certificate",
+                    path.display()
+                ),
+            ));
+        }
     }
-    let config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
+    let tls = crate::tls::client_config(roots)
+        .map_err(|e| Error::new(Reason::Internal, format!("configuring TLS: {e}")))?;
+    // The environment's proxy is chosen here, not by reqwest (no_proxy
+    // first turns its own lookup off).
+    let mut builder = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(tls)
         .https_only(!opts.allow_http)
-        .max_redirects(5)
-        .proxy(ureq::Proxy::try_from_env())
-        .timeout_connect(Some(opts.timeouts.connect))
-        .timeout_recv_response(Some(opts.timeouts.read))
-        .timeout_per_read(Some(opts.timeouts.read))
+        .redirect(redirect_policy())
+        .connect_timeout(opts.timeouts.connect)
+        .timeout(opts.timeouts.read)
+        .http1_only()
+        .no_gzip()
+        .no_brotli()
+        .no_zstd()
+        .no_deflate()
         .user_agent(format!(
             "gpu-driver-installer/{}",
             env!("CARGO_PKG_VERSION")
-        ))
-        .tls_config(tls.build())
-        .build();
-    Ok(config.new_agent())
+        ));
+    if let Some(proxy) = proxy_from_env() {
+        builder = builder.proxy(proxy);
+    }
+    builder.build().map_err(|e| {
+        Error::new(
+            Reason::Internal,
+            format!("building the HTTP client: {}", describe(&e)),
+        )
+    })
+}
+
+/// The proxy for every URL: the first usable of `ALL_PROXY`, `HTTPS_PROXY`
+/// and `HTTP_PROXY` (upper or lower case), bypassed for the hosts in
+/// `NO_PROXY`. HTTPS goes through it with CONNECT; plain HTTP (only with
+/// `--allow-http`) is forwarded by it.
+fn proxy_from_env() -> Option<reqwest::Proxy> {
+    const VARS: [&str; 6] = [
+        "ALL_PROXY",
+        "all_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+    ];
+    for var in VARS {
+        let Ok(value) = std::env::var(var) else {
+            continue;
+        };
+        if value.trim().is_empty() {
+            continue;
+        }
+        match reqwest::Proxy::all(value.trim()) {
+            Ok(p) => return Some(p.no_proxy(reqwest::NoProxy::from_env())),
+            // The value may hold credentials: name the variable only.
+            Err(_) => tracing::warn!("{var} is not a usable proxy URL; ignoring it"),
+        }
+    }
+    None
+}
+
+/// At most [`MAX_REDIRECTS`] redirects, none from HTTPS to plain HTTP
+/// (whether or not plain HTTP is allowed).
+fn redirect_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        if attempt.previous().len() > MAX_REDIRECTS {
+            let msg = format!("more than {MAX_REDIRECTS} redirects");
+            attempt.error(msg)
+        } else if attempt.url().scheme() != "https"
+            && attempt.previous().iter().any(|u| u.scheme() == "https")
+        {
+            let msg = format!(
+                "refusing a redirect from HTTPS to {}",
+                redacted(attempt.url())
+            );
+            attempt.error(msg)
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+/// A URL as it may be shown: without user info or query (either may hold a
+/// credential, e.g. a signed mirror URL).
+fn redacted(url: &reqwest::Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.set_query(None);
+    u.to_string()
+}
+
+/// An error with its causes. reqwest's own message is terse ("error sending
+/// request"); the causes say what happened (refused, timed out, which
+/// certificate problem).
+pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let m = c.to_string();
+        if !text.contains(&m) {
+            text.push_str(": ");
+            text.push_str(&m);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// A request's error, described without its URL (the caller names it).
+pub(crate) fn describe_http_error(e: reqwest::Error) -> String {
+    describe(&e.without_url())
 }
 
 /// Fetches the package into `<cache_dir>/<sha256>`, verified.
@@ -235,10 +349,13 @@ pub fn fetch(opts: &FetchOptions) -> Result<Fetched, FetchError> {
     let final_path = opts.cache_dir.join(&sha);
     let partial = opts.cache_dir.join(format!("{sha}.partial"));
     // Two installers on one node must not write the same partial file.
-    let _lock = lock(&opts.cache_dir.join(format!("{sha}.lock")))?;
+    let _lock = crate::files::lock(
+        &opts.cache_dir.join(format!("{sha}.lock")),
+        Reason::DownloadFailed,
+    )?;
 
     if final_path.exists() {
-        match hash_file(&final_path) {
+        match crate::files::sha256_file(&final_path, Reason::DownloadFailed) {
             Ok((got, size)) if got == sha => {
                 tracing::info!(
                     "cache hit: {} ({size} bytes, sha256 verified)",
@@ -334,7 +451,7 @@ pub fn fetch(opts: &FetchOptions) -> Result<Fetched, FetchError> {
 
 /// One URL, with retries. Returns the verified size.
 fn fetch_from(
-    agent: &ureq::Agent,
+    agent: &reqwest::blocking::Client,
     url: &str,
     sha: &str,
     partial: &Path,
@@ -410,23 +527,32 @@ fn transient(msg: String, retryable: bool) -> Transient {
 
 /// A server certificate the trusted roots reject (unknown issuer, wrong
 /// name, expired): configuration, not weather, so a retry only delays the
-/// answer. rustls reports it as its own error, or wrapped in the handshake's
-/// io::Error.
-fn is_certificate_error(e: &ureq::Error) -> bool {
+/// answer. rustls reports it as its own error, somewhere in the chain of
+/// causes, usually wrapped in the handshake's io::Error (whose `source`
+/// skips the wrapped error itself, hence the look inside).
+fn is_certificate_error(e: &(dyn std::error::Error + 'static)) -> bool {
     let bad = |r: &rustls::Error| {
         matches!(
             r,
             rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
         )
     };
-    match e {
-        ureq::Error::Rustls(r) => bad(r),
-        ureq::Error::Io(io) => io
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            .is_some_and(bad),
-        _ => false,
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<rustls::Error>().is_some_and(bad) {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| is_certificate_error(inner))
+            {
+                return true;
+            }
+        }
+        cur = err.source();
     }
+    false
 }
 
 /// HTTP statuses worth retrying: timeouts, throttling, server errors.
@@ -437,106 +563,165 @@ pub fn retryable_status(code: u16) -> bool {
 /// One request: appends to the partial file when the server answers 206 to
 /// our Range, starts over on 200.
 fn download_once(
-    agent: &ureq::Agent,
+    agent: &reqwest::blocking::Client,
     url: &str,
     partial: &Path,
     opts: &FetchOptions,
     attempt: &mut Attempt,
 ) -> std::result::Result<(String, u64), Transient> {
     let have = fs::metadata(partial).map(|m| m.len()).unwrap_or(0);
+    let resp = send(agent, url, have)?;
+    attempt.http_status = Some(resp.status().as_u16());
+    let resume = resumes(&resp, url, partial, have)?;
+    attempt.resumed = resume;
+    let expected_len = header(&resp, "content-length").and_then(|v| v.parse::<u64>().ok());
+    let (mut file, hasher) = open_partial(partial, resume, have)?;
+    let start = if resume { have } else { 0 };
+    let total = expected_len.map(|n| n + start);
+    let mut progress = Progress::new(url, total, start, opts.progress_bar);
+    let streamed = stream(resp, &mut file, hasher, url, partial, start, &mut progress);
+    progress.finish();
+    let (hasher, got) = match streamed {
+        Ok(r) => r,
+        Err((t, got)) => {
+            attempt.bytes = got;
+            return Err(t);
+        }
+    };
+    attempt.bytes = got;
+    if let Some(len) = expected_len {
+        if got != len {
+            return Err(transient(
+                format!("{url}: body ended after {got} of {len} bytes"),
+                true,
+            ));
+        }
+    }
+    file.sync_all()
+        .map_err(|e| fatal(Error::io(Reason::DownloadFailed, "syncing", partial, e)))?;
+    Ok((hex::encode(hasher.finalize()), start + got))
+}
+
+/// A local failure: retrying the URL would not help.
+fn fatal(error: Error) -> Transient {
+    Transient {
+        error,
+        retryable: false,
+        retry_after: None,
+    }
+}
+
+fn header(resp: &reqwest::blocking::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// Sends the GET, with a Range from `have` when part of the file is here.
+fn send(
+    agent: &reqwest::blocking::Client,
+    url: &str,
+    have: u64,
+) -> std::result::Result<reqwest::blocking::Response, Transient> {
     let mut req = agent.get(url);
     if have > 0 {
-        req = req.header("Range", format!("bytes={have}-"));
+        req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
     }
-    let resp = req.call().map_err(|e| {
-        if is_certificate_error(&e) {
+    req.send().map_err(|e| {
+        let certificate = is_certificate_error(&e);
+        let e = describe_http_error(e);
+        if certificate {
             transient(
                 format!("TLS certificate not trusted, not retried ({e}); a private mirror's CA goes in --ca-bundle"),
                 false,
             )
         } else {
-            transient(format!("{e}"), true)
+            transient(e, true)
         }
-    })?;
-    let status = resp.status().as_u16();
-    attempt.http_status = Some(status);
-    let header = |name: &str| {
-        resp.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    let resume = match status {
+    })
+}
+
+/// Whether the answer continues the partial file (206 at our offset) or
+/// starts it over (200); anything else is an error, retryable or not.
+fn resumes(
+    resp: &reqwest::blocking::Response,
+    url: &str,
+    partial: &Path,
+    have: u64,
+) -> std::result::Result<bool, Transient> {
+    match resp.status().as_u16() {
         206 => {
             // Only a range that starts exactly where we stopped is usable.
-            let ok = header("content-range")
+            let ok = header(resp, "content-range")
                 .and_then(|v| parse_content_range_start(&v))
                 .is_some_and(|start| start == have);
             if !ok {
+                let _ = fs::remove_file(partial);
                 return Err(transient(
                     format!("{url} answered 206 with an unusable Content-Range; starting over"),
                     true,
-                ))
-                .inspect_err(|_| {
-                    let _ = fs::remove_file(partial);
-                });
+                ));
             }
-            true
+            Ok(true)
         }
-        200 => false,
+        200 => Ok(false),
         416 => {
             // Our partial is not a prefix the server recognises.
             let _ = fs::remove_file(partial);
-            return Err(transient(
+            Err(transient(
                 format!("{url} answered 416 to a resume; starting over"),
                 true,
-            ));
+            ))
         }
         code => {
             let mut t = transient(
                 format!("{url} answered HTTP {code}"),
                 retryable_status(code),
             );
-            t.retry_after = header("retry-after")
+            t.retry_after = header(resp, "retry-after")
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
-            return Err(t);
+            Err(t)
         }
-    };
-    attempt.resumed = resume;
-    let expected_len = header("content-length").and_then(|v| v.parse::<u64>().ok());
+    }
+}
+
+/// Opens the partial file for appending (resume) or from scratch, and the
+/// hash of what it keeps: a resumed download hashes its prefix once, so
+/// the file is read back at most once, and only that part.
+fn open_partial(
+    partial: &Path,
+    resume: bool,
+    have: u64,
+) -> std::result::Result<(File, Sha256), Transient> {
+    let io = |action: &str, e| fatal(Error::io(Reason::DownloadFailed, action, partial, e));
     let mut file = OpenOptions::new()
         .create(true)
         .write(true)
         .truncate(!resume)
         .open(partial)
-        .map_err(|e| Transient {
-            error: Error::io(Reason::DownloadFailed, "opening", partial, e),
-            retryable: false,
-            retry_after: None,
-        })?;
-    if resume {
-        file.seek(SeekFrom::End(0)).map_err(|e| Transient {
-            error: Error::io(Reason::DownloadFailed, "seeking", partial, e),
-            retryable: false,
-            retry_after: None,
-        })?;
-    }
-    let start = if resume { have } else { 0 };
-    // Hash while writing: a resumed download first hashes the prefix it
-    // keeps, so the file is read back at most once, and only that part.
+        .map_err(|e| io("opening", e))?;
     let mut hasher = Sha256::new();
     if resume {
-        hash_prefix(partial, have, &mut hasher).map_err(|e| Transient {
-            error: e,
-            retryable: false,
-            retry_after: None,
-        })?;
+        file.seek(SeekFrom::End(0)).map_err(|e| io("seeking", e))?;
+        hash_prefix(partial, have, &mut hasher).map_err(fatal)?;
     }
-    let total = expected_len.map(|n| n + start);
-    let mut progress = Progress::new(url, total, start, opts.progress_bar);
-    let mut body = resp.into_body();
-    let mut reader = body.as_reader();
+    Ok((file, hasher))
+}
+
+/// Streams the body into the file while hashing it on a second thread;
+/// returns the hash and the bytes received, or the error and the bytes
+/// received before it.
+fn stream(
+    mut reader: reqwest::blocking::Response,
+    file: &mut File,
+    hasher: Sha256,
+    url: &str,
+    partial: &Path,
+    start: u64,
+    progress: &mut Progress,
+) -> std::result::Result<(Sha256, u64), (Transient, u64)> {
     let mut hashing = ParallelHasher::new(hasher);
     let mut got = 0u64;
     let mut flushed = 0u64;
@@ -550,44 +735,23 @@ fn download_once(
                 continue;
             }
             Err(e) => {
-                attempt.bytes = got;
-                progress.finish();
-                return Err(transient(
-                    format!("{url}: connection lost after {got} bytes: {e}"),
-                    true,
-                ));
+                let msg = format!("{url}: connection lost after {got} bytes: {}", describe(&e));
+                return Err((transient(msg, true), got));
             }
         };
-        file.write_all(&buf[..n]).map_err(|e| Transient {
-            error: Error::io(Reason::DownloadFailed, "writing", partial, e),
-            retryable: false,
-            retry_after: None,
-        })?;
+        if let Err(e) = file.write_all(&buf[..n]) {
+            let err = Error::io(Reason::DownloadFailed, "writing", partial, e);
+            return Err((fatal(err), got));
+        }
         hashing.submit(buf, n);
         got += n as u64;
         progress.update(start + got);
         if got - flushed >= WRITEBACK_EVERY {
-            start_writeback(&file, start + flushed, got - flushed);
+            start_writeback(file, start + flushed, got - flushed);
             flushed = got;
         }
     }
-    let hasher = hashing.finish();
-    attempt.bytes = got;
-    progress.finish();
-    if let Some(len) = expected_len {
-        if got != len {
-            return Err(transient(
-                format!("{url}: body ended after {got} of {len} bytes"),
-                true,
-            ));
-        }
-    }
-    file.sync_all().map_err(|e| Transient {
-        error: Error::io(Reason::DownloadFailed, "syncing", partial, e),
-        retryable: false,
-        retry_after: None,
-    })?;
-    Ok((hex::encode(hasher.finalize()), start + got))
+    Ok((hashing.finish(), got))
 }
 
 /// Hashes on a second thread while the first one receives and writes, so
@@ -693,26 +857,6 @@ pub fn parse_content_range_start(v: &str) -> Option<u64> {
     rest.split('-').next()?.trim().parse().ok()
 }
 
-/// sha256 and size of a file, streamed.
-pub fn hash_file(path: &Path) -> Result<(String, u64)> {
-    let mut f =
-        File::open(path).map_err(|e| Error::io(Reason::DownloadFailed, "opening", path, e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
-    let mut size = 0u64;
-    loop {
-        let n = match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::io(Reason::DownloadFailed, "reading", path, e)),
-        };
-        hasher.update(&buf[..n]);
-        size += n as u64;
-    }
-    Ok((hex::encode(hasher.finalize()), size))
-}
-
 /// Renames the verified partial into place and makes the rename durable.
 fn finish(partial: &Path, final_path: &Path) -> Result<()> {
     fs::rename(partial, final_path)
@@ -731,22 +875,6 @@ fn remove(path: &Path) -> Result<()> {
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io(Reason::DownloadFailed, "deleting", path, e)),
     }
-}
-
-/// An exclusive flock held until dropped.
-pub fn lock(path: &Path) -> Result<nix::fcntl::Flock<File>> {
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::io(Reason::DownloadFailed, "opening lock", path, e))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, errno)| {
-        Error::new(
-            Reason::DownloadFailed,
-            format!("locking {}: {errno}", path.display()),
-        )
-    })
 }
 
 /// A bar on a TTY, a log line every few seconds otherwise.
@@ -1102,16 +1230,15 @@ pub fn fetch_text(opts: &FetchOptions, url: &str) -> Result<String> {
         if retry > 0 {
             std::thread::sleep(opts.retry.backoff(retry, None));
         }
-        match agent.get(url).call() {
+        match agent.get(url).send() {
             Ok(resp) if resp.status().as_u16() == 200 => {
                 let mut text = String::new();
-                resp.into_body()
-                    .as_reader()
-                    .take(1 << 20)
-                    .read_to_string(&mut text)
-                    .map_err(|e| {
-                        Error::new(Reason::DownloadFailed, format!("reading {url}: {e}"))
-                    })?;
+                resp.take(1 << 20).read_to_string(&mut text).map_err(|e| {
+                    Error::new(
+                        Reason::DownloadFailed,
+                        format!("reading {url}: {}", describe(&e)),
+                    )
+                })?;
                 return Ok(text);
             }
             Ok(resp) if retryable_status(resp.status().as_u16()) => {
@@ -1123,7 +1250,7 @@ pub fn fetch_text(opts: &FetchOptions, url: &str) -> Result<String> {
                     format!("{url} answered HTTP {}", resp.status().as_u16()),
                 ));
             }
-            Err(e) => last = Some(e.to_string()),
+            Err(e) => last = Some(describe_http_error(e)),
         }
     }
     Err(Error::new(

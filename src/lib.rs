@@ -31,6 +31,7 @@ pub mod run;
 mod runfile;
 pub mod schema;
 pub mod text;
+pub mod tls;
 pub mod userspace;
 pub mod verify;
 

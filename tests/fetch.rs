@@ -505,6 +505,64 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
         "NO_PROXY must bypass the proxy"
     );
     assert_eq!(origin.count(), 2);
+    // Plain HTTP (allowed here) is forwarded by the proxy.
+    assert_eq!(*proxy.methods.lock().unwrap(), vec!["GET".to_string()]);
+
+    // HTTPS goes through a CONNECT tunnel, TLS end to end with the origin;
+    // ALL_PROXY or HTTP_PROXY serve when HTTPS_PROXY is not set.
+    let b = body.clone();
+    let (tls_origin, ca_pem) = Server::start_tls(move |_| Reply::Ranged(b.clone()));
+    let tls_addr = format!("127.0.0.1:{}", tls_origin.port);
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    fs::write(ca.path(), ca_pem).unwrap();
+    let url = tls_origin.https_url("/p.run");
+    for var in ["HTTPS_PROXY", "ALL_PROXY", "HTTP_PROXY"] {
+        let dir = tempfile::tempdir().unwrap();
+        let r = fetch(
+            dir.path(),
+            &[
+                "--url",
+                &url,
+                "--sha256",
+                &sum,
+                "--ca-bundle",
+                ca.path().to_str().unwrap(),
+            ],
+            &[(var, &proxy.url())],
+        );
+        assert_eq!(r.code, 0, "{var}: {}", r.doc);
+        assert_eq!(
+            proxy.targets.lock().unwrap().last(),
+            Some(&tls_addr),
+            "{var}"
+        );
+        assert_eq!(
+            proxy.methods.lock().unwrap().last().map(String::as_str),
+            Some("CONNECT"),
+            "{var}"
+        );
+    }
+    assert_eq!(tls_origin.count(), 3);
+    let dir = tempfile::tempdir().unwrap();
+    let r = fetch(
+        dir.path(),
+        &[
+            "--url",
+            &url,
+            "--sha256",
+            &sum,
+            "--ca-bundle",
+            ca.path().to_str().unwrap(),
+        ],
+        &[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")],
+    );
+    assert_eq!(r.code, 0, "{}", r.doc);
+    assert_eq!(
+        proxy.targets.lock().unwrap().len(),
+        4,
+        "NO_PROXY must bypass the proxy for HTTPS too"
+    );
+    assert_eq!(tls_origin.count(), 4);
 }
 
 #[test]

@@ -198,7 +198,7 @@ async fn client(kubeconfig: &std::path::Path) -> kube::Client {
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .unwrap();
-    gpu_driver::operator::init_tls();
+    gpu_driver::tls::init();
     kube::Client::try_from(cfg).unwrap()
 }
 
@@ -675,13 +675,15 @@ fn binary_detects_gpus_by_job_serves_metrics_and_yields_the_lease() {
     );
 
     // /metrics and /healthz over HTTP, as Prometheus and the kubelet see them.
-    let agent = ureq::Agent::new_with_defaults();
+    let agent = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap();
     let metrics = agent
-        .get(&format!("http://127.0.0.1:{port}/metrics"))
-        .call()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
         .unwrap()
-        .body_mut()
-        .read_to_string()
+        .text()
         .unwrap();
     for want in [
         "gpu_driver_installs_total{result=\"succeeded\"} 1",
@@ -691,8 +693,8 @@ fn binary_detects_gpus_by_job_serves_metrics_and_yields_the_lease() {
         assert!(metrics.contains(want), "{want} missing:\n{metrics}");
     }
     let health = agent
-        .get(&format!("http://127.0.0.1:{port}/healthz"))
-        .call()
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
         .unwrap();
     assert_eq!(health.status(), 200);
 

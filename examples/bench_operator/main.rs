@@ -243,7 +243,7 @@ async fn main() -> Result<(), String> {
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .map_err(|e| e.to_string())?;
-    gpu_driver::operator::init_tls();
+    gpu_driver::tls::init();
     let client = Client::try_from(cfg).map_err(|e| e.to_string())?;
 
     setup(&client, a.nodes).await?;

@@ -188,7 +188,7 @@ async fn shutdown_signal() {
 
 async fn run(args: RunArgs) -> Result<(), Error> {
     let client = {
-        crate::operator::init_tls();
+        crate::tls::init();
         kube::Client::try_default()
     }
     .await

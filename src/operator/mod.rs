@@ -65,12 +65,3 @@ pub mod keys {
     /// On Jobs: the GpuDriver they belong to.
     pub const OWNER_LABEL: &str = "gpu-driver.gardenlinux.io/gpudriver";
 }
-
-/// Two TLS stacks meet in this binary (object_store's rustls brings
-/// aws-lc-rs, kube's brings ring), so rustls cannot choose the process's
-/// crypto provider by itself and the first client would panic. Chooses
-/// ring, once, before any client is built.
-pub fn init_tls() {
-    // Err only means a provider is installed already: fine.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}

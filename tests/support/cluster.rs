@@ -280,36 +280,30 @@ impl Cluster {
         fs::read(&self.ca_file).expect("CA file")
     }
 
-    /// An HTTPS agent (rustls) that trusts the cluster's CA.
-    pub fn agent(&self) -> ureq::Agent {
-        let pem = self.ca_pem();
-        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
-        let tls = ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
-            .build();
-        ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .tls_config(tls)
+    /// An HTTPS client (rustls with ring) that trusts the cluster's CA.
+    pub fn agent(&self) -> reqwest::blocking::Client {
+        let mut roots = rustls::RootCertStore::empty();
+        let certs = gpu_driver::tls::pem_certificates(&self.ca_pem()).expect("CA PEM");
+        roots.add_parsable_certificates(certs);
+        let tls = gpu_driver::tls::client_config(roots).expect("TLS config");
+        reqwest::blocking::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
             .build()
-            .new_agent()
+            .expect("HTTP client")
     }
 
     /// GET `path` on the apiserver as admin: (status, body).
     pub fn get(&self, path: &str) -> (u16, String) {
-        let mut resp = self
+        let resp = self
             .agent()
             .get(format!("{}{path}", self.server))
             .header("Authorization", format!("Bearer {}", self.token))
-            .call()
+            .send()
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));
         let status = resp.status().as_u16();
-        let body = resp.body_mut().read_to_string().unwrap_or_default();
+        let body = resp.text().unwrap_or_default();
         (status, body)
     }
 

@@ -281,11 +281,14 @@ pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(data))
 }
 
-/// A real CONNECT proxy on loopback: tunnels bytes to the requested
-/// host:port and records each CONNECT target.
+/// A real proxy on loopback: tunnels CONNECT (HTTPS) to the requested
+/// host:port, forwards plain-HTTP requests sent in absolute form, and
+/// records each connection's target host:port and method.
 pub struct ConnectProxy {
     pub port: u16,
     pub targets: Arc<Mutex<Vec<String>>>,
+    /// `CONNECT` or the forwarded request's method, per target.
+    pub methods: Arc<Mutex<Vec<String>>>,
 }
 
 impl ConnectProxy {
@@ -293,15 +296,20 @@ impl ConnectProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         let port = listener.local_addr().unwrap().port();
         let targets = Arc::new(Mutex::new(Vec::new()));
-        let t = targets.clone();
+        let methods = Arc::new(Mutex::new(Vec::new()));
+        let (t, m) = (targets.clone(), methods.clone());
         thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(client) = stream else { continue };
-                let t = t.clone();
-                thread::spawn(move || tunnel(client, &t));
+                let (t, m) = (t.clone(), m.clone());
+                thread::spawn(move || tunnel(client, &t, &m));
             }
         });
-        ConnectProxy { port, targets }
+        ConnectProxy {
+            port,
+            targets,
+            methods,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -309,32 +317,61 @@ impl ConnectProxy {
     }
 }
 
-fn tunnel(client: TcpStream, targets: &Mutex<Vec<String>>) {
+fn tunnel(client: TcpStream, targets: &Mutex<Vec<String>>, methods: &Mutex<Vec<String>>) {
     let mut reader = BufReader::new(client.try_clone().unwrap());
     let mut line = String::new();
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
         return;
     }
+    let mut head = Vec::new();
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim_end().is_empty() {
             break;
         }
+        head.push(h);
     }
     let mut parts = line.split_whitespace();
-    let (Some("CONNECT"), Some(target)) = (parts.next(), parts.next()) else {
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return;
+    };
+    // CONNECT host:port (HTTPS), or a plain-HTTP request in absolute form
+    // (`GET http://host:port/path`), forwarded in origin form.
+    let (authority, forwarded) = if method == "CONNECT" {
+        (target.to_string(), None)
+    } else if let Some(rest) = target.strip_prefix("http://") {
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let path = if path.is_empty() { "/" } else { path };
+        let mut request = format!("{method} {path} {version}\r\n");
+        for h in &head {
+            if !h.to_ascii_lowercase().starts_with("proxy-") {
+                request.push_str(h);
+            }
+        }
+        request.push_str("\r\n");
+        (authority.to_string(), Some(request))
+    } else {
         let mut c = client;
         let _ = c.write_all(b"HTTP/1.1 405 X\r\nContent-Length: 0\r\n\r\n");
         return;
     };
-    targets.lock().unwrap().push(target.to_string());
-    let Ok(upstream) = TcpStream::connect(target) else {
+    targets.lock().unwrap().push(authority.clone());
+    methods.lock().unwrap().push(method.to_string());
+    let Ok(mut upstream) = TcpStream::connect(&authority) else {
         let mut c = client;
         let _ = c.write_all(b"HTTP/1.1 502 X\r\nContent-Length: 0\r\n\r\n");
         return;
     };
-    let mut c = client.try_clone().unwrap();
-    let _ = c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+    match forwarded {
+        Some(request) => {
+            let _ = upstream.write_all(request.as_bytes());
+        }
+        None => {
+            let mut c = client.try_clone().unwrap();
+            let _ = c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+        }
+    }
     let (mut up_r, mut up_w) = (upstream.try_clone().unwrap(), upstream);
     let mut client_w = client;
     let t = thread::spawn(move || {
