@@ -147,6 +147,26 @@ fn no_import_circle_between_modules() {
 }
 
 #[test]
+fn the_architecture_page_lists_every_module_and_its_uses() {
+    let page =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md"))
+            .unwrap();
+    for (m, deps) in graph() {
+        let row = page
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{m}` |")))
+            .unwrap_or_else(|| panic!("docs/architecture.md has no row for module {m}"));
+        let uses = row.rsplit('|').nth(1).unwrap_or("");
+        for d in deps.iter().filter(|d| *d != "error" && *d != "report") {
+            assert!(
+                uses.contains(&format!("`{d}`")),
+                "docs/architecture.md: {m} uses {d}, its row does not say so: {row}"
+            );
+        }
+    }
+}
+
+#[test]
 fn the_cycle_finder_finds_cycles() {
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     g.insert("a".into(), ["b".to_string()].into());
