@@ -133,7 +133,8 @@ impl HostRoot {
     }
 }
 
-fn components(p: &Path) -> Vec<OsString> {
+/// The normal components of `p` (`..` kept, `/` and `.` dropped).
+pub(crate) fn components(p: &Path) -> Vec<OsString> {
     p.components()
         .filter_map(|c| match c {
             Component::Normal(s) => Some(s.to_os_string()),

@@ -31,7 +31,7 @@ use nix::sys::stat::{self, FchmodatFlags, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
 use crate::error::{Error, Reason, Result};
-use crate::host::HostRoot;
+use crate::host::{HostRoot, components};
 
 /// Failures to change the host's files are the installer's own (there is
 /// no host-write reason); a full disk still becomes `InsufficientDisk`
@@ -499,18 +499,8 @@ impl HostRoot {
     }
 }
 
-/// The normal components of `p` (`..` kept, `/` and `.` dropped): a
-/// host-absolute path such as `/etc/x` becomes `etc/x`.
-fn components(p: &Path) -> Vec<OsString> {
-    p.components()
-        .filter_map(|c| match c {
-            Component::Normal(s) => Some(s.to_os_string()),
-            Component::ParentDir => Some(OsString::from("..")),
-            _ => None,
-        })
-        .collect()
-}
-
+/// `p` relative to the host root: a host-absolute path such as `/etc/x`
+/// becomes `etc/x` (`..` kept for the kernel to resolve inside the root).
 fn relative(p: &Path) -> PathBuf {
     components(p).into_iter().collect()
 }
