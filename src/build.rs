@@ -282,6 +282,14 @@ pub fn build(opts: &BuildOptions) -> BuildResult {
     }
     if opts.kernel_release.is_empty() {
         return match crate::host::read_kernel_release(&opts.root) {
+            // An empty answer would send this call back to itself.
+            Ok(r) if r.is_empty() => build_failed(
+                opts.spec(),
+                Outcome::new(
+                    Reason::HostReadFailed,
+                    "the running kernel's release is empty",
+                ),
+            ),
             Ok(r) => build(&BuildOptions {
                 kernel_release: r,
                 ..opts.clone()
