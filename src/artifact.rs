@@ -13,6 +13,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Reason, Result};
 use crate::host::ModuleFlavor;
@@ -318,10 +319,20 @@ pub fn unpack(artifact: &Path, dest: &Path) -> Result<Manifest> {
     check_dir(dest)
 }
 
-/// Checks an artifact held in memory (the cache's download) against the
-/// manifest it should carry: each tar entry's sha256, nothing missing,
-/// nothing extra, and its own `manifest.json` equal to `expected`.
+/// Checks an artifact held in memory against the manifest it should carry
+/// ([`check_reader`]).
 pub fn check_bytes(bytes: &[u8], expected: &Manifest) -> Result<()> {
+    check_reader(bytes, expected)
+}
+
+/// The most a `manifest.json` may hold (a real one is a few KiB).
+const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+/// Checks an artifact (the cache's download) as it streams past against
+/// the manifest it should carry: each tar entry's sha256, nothing missing,
+/// nothing extra, and its own `manifest.json` equal to `expected`. Entries
+/// are hashed as they are read, never held in memory whole.
+pub fn check_reader(reader: impl Read, expected: &Manifest) -> Result<()> {
     expected.validate()?;
     let tar_err = |e: std::io::Error| invalid(format!("reading the tar: {e}"));
     let mut want: BTreeMap<&str, &str> = expected
@@ -329,20 +340,29 @@ pub fn check_bytes(bytes: &[u8], expected: &Manifest) -> Result<()> {
         .into_iter()
         .map(|e| (e.file, e.sha256))
         .collect();
-    let dec = zstd::stream::read::Decoder::new(bytes).map_err(|e| invalid(format!("zstd: {e}")))?;
+    let dec =
+        zstd::stream::read::Decoder::new(reader).map_err(|e| invalid(format!("zstd: {e}")))?;
     let mut tar = tar::Archive::new(dec);
     let mut inner = None;
     for e in tar.entries().map_err(tar_err)? {
         let mut e = e.map_err(tar_err)?;
         let name = e.path().map_err(tar_err)?.to_string_lossy().into_owned();
-        let mut data = Vec::new();
-        e.read_to_end(&mut data)
-            .map_err(|err| invalid(format!("reading {name} from the tar: {err}")))?;
+        let read_err = |err: std::io::Error| invalid(format!("reading {name} from the tar: {err}"));
         if name == MANIFEST_FILE {
+            let mut data = Vec::new();
+            (&mut e)
+                .take(MAX_MANIFEST_BYTES + 1)
+                .read_to_end(&mut data)
+                .map_err(read_err)?;
+            if data.len() as u64 > MAX_MANIFEST_BYTES {
+                return Err(invalid(format!("its {MANIFEST_FILE} is over 1 MiB")));
+            }
             inner = Some(data);
             continue;
         }
-        let got = crate::files::sha256_bytes(&data);
+        let mut hasher = HashWriter(Sha256::new());
+        std::io::copy(&mut e, &mut hasher).map_err(read_err)?;
+        let got = hex::encode(hasher.0.finalize());
         match want.remove(name.as_str()) {
             Some(w) if w.eq_ignore_ascii_case(&got) => {}
             Some(w) => {
@@ -363,6 +383,20 @@ pub fn check_bytes(bytes: &[u8], expected: &Manifest) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// A sink that hashes what is written to it.
+struct HashWriter(Sha256);
+
+impl Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// One file to pack: its name in the archive, where it is now, its mode.

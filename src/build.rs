@@ -18,7 +18,6 @@ use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use schemars::JsonSchema;
@@ -334,6 +333,7 @@ fn run(
     mut cache: Option<&mut crate::cache::Session>,
 ) -> Result<String> {
     check_arguments(opts)?;
+    let _work_lock = claim_work_dir(&opts.work_dir())?;
     let pre = preflight(opts, status)?;
     // With the driver version known up front (`run` knows it from the
     // plan), a cache hit skips extraction and compile alike.
@@ -692,6 +692,26 @@ impl Drop for Cleanup {
     }
 }
 
+/// Takes the work directory's lock (two builds with one work directory
+/// would delete each other's trees) and, holding it, removes what a killed
+/// build left there: the extractor's temporaries (`.source.partial-*`,
+/// hundreds of MB each), which nothing else would ever remove and which
+/// would make the disk check fail. The lock is held until the build ends.
+fn claim_work_dir(work: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
+    fs::create_dir_all(work).map_err(|e| Error::io(LOCAL_IO, "creating", work, e))?;
+    let lock = crate::files::lock(&work.join(".lock"), LOCAL_IO)?;
+    let entries = fs::read_dir(work).map_err(|e| Error::io(LOCAL_IO, "listing", work, e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if crate::extract::is_partial_name(&name.to_string_lossy()) {
+            let path = entry.path();
+            tracing::info!("removing {} (left by a killed build)", path.display());
+            remove_dir_if_present(&path)?;
+        }
+    }
+    Ok(lock)
+}
+
 fn remove_dir_if_present(dir: &Path) -> Result<()> {
     match fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
@@ -802,9 +822,8 @@ pub fn check_tools(cc_version_text: Option<&str>, path_var: &OsStr) -> Result<St
 
 /// Runs `<cc> --version` and returns its first line.
 pub fn run_compiler_version(cc: &str) -> Result<String> {
-    let mut cmd = Command::new(cc);
-    cmd.arg("--version")
-        .envs(crate::process::C_LOCALE.iter().copied());
+    let mut cmd = crate::process::command(cc);
+    cmd.arg("--version");
     let out = crate::process::output(&mut cmd, Reason::CompilerMissing)?;
     let text = String::from_utf8_lossy(&out.stdout);
     match (out.status.success(), parse_version_first_line(&text)) {
@@ -1262,12 +1281,8 @@ fn stage_module(ko: &Path, dest_dir: &Path, release: &str) -> Result<Staged> {
 
 /// `strip --strip-debug -o dest src`: the source tree stays as built.
 pub fn run_strip(src: &Path, dest: &Path) -> Result<()> {
-    let mut cmd = Command::new("strip");
-    cmd.arg("--strip-debug")
-        .arg("-o")
-        .arg(dest)
-        .arg(src)
-        .envs(crate::process::C_LOCALE.iter().copied());
+    let mut cmd = crate::process::command("strip");
+    cmd.arg("--strip-debug").arg("-o").arg(dest).arg(src);
     // Not starting is a missing tool; failing is a bad module file.
     let out = crate::process::output(&mut cmd, Reason::CompilerMissing)?;
     if !out.status.success() {

@@ -355,6 +355,14 @@ impl std::fmt::Debug for Store {
 
 type StoreResult<T> = std::result::Result<T, object_store::Error>;
 
+/// An object streamed to a temporary file ([`Store::get_to_file`]); the
+/// file goes away unless persisted.
+pub struct Downloaded {
+    pub file: tempfile::NamedTempFile,
+    pub size: u64,
+    pub sha256: String,
+}
+
 impl Store {
     /// Builds the client. `Err` means the store is unusable here: the
     /// caller reports it as `Unavailable` and builds anyway.
@@ -461,6 +469,57 @@ impl Store {
                 Err(e) => Err(e),
             }
         })
+    }
+
+    /// Streams the object into a new temporary file in `dir`, hashing it
+    /// as it comes, never holding it in memory. `None` when it does not
+    /// exist; an error past `max` bytes (the store is not trusted to be
+    /// small).
+    pub fn get_to_file(&self, rel: &str, dir: &Path, max: u64) -> Result<Option<Downloaded>> {
+        use futures::StreamExt;
+        use std::io::Write;
+        let path = self.path(rel);
+        let tmp = tempfile::Builder::new()
+            .prefix(".cache-get-")
+            .suffix(".partial")
+            .tempfile_in(dir)
+            .map_err(|e| Error::io(Reason::Internal, "creating a temporary file in", dir, e))?;
+        let write_err = |e| Error::io(Reason::Internal, "writing", tmp.path(), e);
+        let mut out = std::io::BufWriter::new(tmp.as_file());
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let got = self.rt.block_on(async {
+            let r = match self.store.get(&path).await {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => return Ok(false),
+                Err(e) => return Err(unavailable(&e)),
+            };
+            let mut stream = r.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| unavailable(&e))?;
+                size += chunk.len() as u64;
+                if size > max {
+                    return Err(Error::new(
+                        Reason::ArtifactInvalid,
+                        format!("{}/{rel} is over {} MiB; not used", self.display, max >> 20),
+                    ));
+                }
+                hasher.update(&chunk);
+                out.write_all(&chunk).map_err(write_err)?;
+            }
+            Ok(true)
+        })?;
+        if !got {
+            return Ok(None);
+        }
+        out.flush().map_err(write_err)?;
+        drop(out);
+        tmp.as_file().sync_all().map_err(write_err)?;
+        Ok(Some(Downloaded {
+            file: tmp,
+            size,
+            sha256: hex::encode(hasher.finalize()),
+        }))
     }
 
     /// The object's ETag, when it exists.
@@ -951,38 +1010,59 @@ fn read_entry(
     if entry.artifact.contains('/') || !entry.artifact.ends_with(".tar.zst") {
         return Found::Corrupt(format!("manifest.json names artifact {:?}", entry.artifact));
     }
-    let bytes = match store.get(&format!("{dir}/{}", entry.artifact)) {
-        Ok(Some((b, _))) => b,
-        Ok(None) => return Found::Corrupt(format!("{} is missing", entry.artifact)),
-        Err(e) => return Found::Unavailable(describe(&e)),
+    if entry.artifact_size_bytes > MAX_ARTIFACT_BYTES {
+        return Found::Corrupt(format!(
+            "{} claims {} bytes, more than an artifact may have",
+            entry.artifact, entry.artifact_size_bytes
+        ));
+    }
+    let parent = match artifact.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
     };
-    status.bytes_downloaded += bytes.len() as u64;
-    if let Err(e) = verify_artifact(&bytes, &entry) {
+    let rel = format!("{dir}/{}", entry.artifact);
+    let got = match store.get_to_file(&rel, parent, entry.artifact_size_bytes) {
+        Ok(Some(d)) => d,
+        Ok(None) => return Found::Corrupt(format!("{} is missing", entry.artifact)),
+        Err(e) if e.reason == Reason::ArtifactInvalid => return Found::Corrupt(e.message),
+        Err(e) => return Found::Unavailable(e.message),
+    };
+    status.bytes_downloaded += got.size;
+    if let Err(e) = verify_artifact(&got, &entry) {
         return Found::Corrupt(e.message);
     }
-    if let Err(e) = crate::files::write_atomic(artifact, &bytes, 0o644, Reason::Internal) {
-        return Found::Unavailable(e.message);
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o644);
+    if let Err(e) = std::fs::set_permissions(got.file.path(), mode) {
+        return Found::Unavailable(format!(
+            "setting permissions of {}: {e}",
+            got.file.path().display()
+        ));
+    }
+    if let Err(e) = got.file.persist(artifact) {
+        return Found::Unavailable(format!("renaming into {}: {}", artifact.display(), e.error));
     }
     Found::Hit(Box::new(entry))
 }
 
+/// The largest artifact a cache entry may name (modules and user space of
+/// one driver are a few hundred MiB).
+const MAX_ARTIFACT_BYTES: u64 = 4 << 30;
+
 /// The artifact's size and sha256 against the entry, its modules' vermagic
 /// against the key, then every file inside against the build manifest
-/// (the artifact module's check).
-pub fn verify_artifact(bytes: &[u8], entry: &StoredEntry) -> Result<()> {
+/// (the artifact module's check, streamed from the downloaded file).
+pub fn verify_artifact(got: &Downloaded, entry: &StoredEntry) -> Result<()> {
     let corrupt = |m: String| Error::new(Reason::ArtifactInvalid, m);
-    let size = bytes.len() as u64;
-    if size != entry.artifact_size_bytes {
+    if got.size != entry.artifact_size_bytes {
         return Err(corrupt(format!(
-            "{} is truncated or padded: {size} bytes, the manifest says {}",
-            entry.artifact, entry.artifact_size_bytes
+            "{} is truncated or padded: {} bytes, the manifest says {}",
+            entry.artifact, got.size, entry.artifact_size_bytes
         )));
     }
-    let sha = crate::files::sha256_bytes(bytes);
-    if sha != entry.artifact_sha256 {
+    if got.sha256 != entry.artifact_sha256 {
         return Err(corrupt(format!(
-            "{} has sha256 {sha}, the manifest says {}",
-            entry.artifact, entry.artifact_sha256
+            "{} has sha256 {}, the manifest says {}",
+            entry.artifact, got.sha256, entry.artifact_sha256
         )));
     }
     if !entry
@@ -1001,7 +1081,9 @@ pub fn verify_artifact(bytes: &[u8], entry: &StoredEntry) -> Result<()> {
             )));
         }
     }
-    crate::artifact::check_bytes(bytes, &entry.manifest)
+    let file = std::fs::File::open(got.file.path())
+        .map_err(|e| Error::io(Reason::Internal, "reading", got.file.path(), e))?;
+    crate::artifact::check_reader(std::io::BufReader::new(file), &entry.manifest)
 }
 
 // ------------------------------------------------------------ packages
@@ -1023,21 +1105,33 @@ pub fn restore_package(
     check_file_name(file)?;
     let store = Store::open(cfg)?;
     let rel = package_object(file);
-    let Some((bytes, _)) = store.get(&rel).map_err(|e| unavailable(&e))? else {
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let max = crate::fetch::DEFAULT_MAX_DOWNLOAD_MIB << 20;
+    let Some(got) = store.get_to_file(&rel, parent, max)? else {
         return Ok(None);
     };
-    let got = crate::files::sha256_bytes(&bytes);
-    if got != sha256 {
+    if got.sha256 != sha256 {
         return Err(Error::new(
             Reason::ChecksumMismatch,
             format!(
-                "{}/{rel} has sha256 {got}, not the trusted {sha256}; not used",
-                store.display
+                "{}/{rel} has sha256 {}, not the trusted {sha256}; not used",
+                store.display, got.sha256
             ),
         ));
     }
-    crate::files::write_atomic(dest, &bytes, 0o644, Reason::Internal)?;
-    Ok(Some(bytes.len() as u64))
+    let file = got.file;
+    std::fs::set_permissions(
+        file.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .map_err(|e| Error::io(Reason::Internal, "setting permissions of", file.path(), e))?;
+    file.persist(dest)
+        .map_err(|e| Error::io(Reason::Internal, "renaming into place", dest, e.error))?;
+    crate::files::sync_dir(parent);
+    Ok(Some(got.size))
 }
 
 /// `fetch` with the cache's store as a private package mirror: a package the

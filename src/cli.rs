@@ -59,6 +59,17 @@ pub struct GlobalArgs {
     /// Diagnostics on stderr: error, warn, info, debug, trace (or RUST_LOG).
     #[arg(long, global = true, value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
+    /// The most one extraction (a driver package, kernel headers, an
+    /// artifact) may write, in MiB; past it the archive is UnsafeArchive.
+    #[arg(long, global = true, value_name = "MIB",
+        default_value_t = crate::extract::DEFAULT_LIMITS.max_bytes >> 20,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_unpacked_size: u64,
+    /// The most files, directories and links one extraction may create.
+    #[arg(long, global = true, value_name = "N",
+        default_value_t = crate::extract::DEFAULT_LIMITS.max_entries,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_unpacked_entries: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -191,6 +202,17 @@ pub struct FetchArgs {
     /// Timeout for the response head and for each read, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub read_timeout: u64,
+    /// Deadline for the whole download (every source, retry and wait), in
+    /// seconds.
+    #[arg(long, value_name = "SECS",
+        default_value_t = crate::fetch::DEFAULT_DOWNLOAD_TIMEOUT_SECS,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub download_timeout: u64,
+    /// The largest download accepted, in MiB; larger is UnsafeArchive.
+    #[arg(long, value_name = "MIB",
+        default_value_t = crate::fetch::DEFAULT_MAX_DOWNLOAD_MIB,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_download_size: u64,
     /// Extra CA certificates (PEM) for private mirrors.
     #[arg(long, value_name = "PATH")]
     pub ca_bundle: Option<PathBuf>,
@@ -333,7 +355,7 @@ fn init_tracing(level: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(crate::redact::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
@@ -342,6 +364,10 @@ fn init_tracing(level: &str) {
 /// Runs the command; `Err` only when the result itself cannot be delivered.
 pub fn execute(cli: &Cli) -> Result<u8> {
     let g = &cli.global;
+    crate::extract::set_limits(crate::extract::Limits {
+        max_bytes: g.max_unpacked_size.saturating_mul(1 << 20),
+        max_entries: g.max_unpacked_entries,
+    });
     match &cli.command {
         Command::Schema => {
             emit_raw(g, &crate::schema::results_schema_json()?)?;
@@ -432,6 +458,8 @@ fn with_fetch(cfg: Config, args: &FetchArgs) -> Config {
         timeouts: Timeouts {
             connect: Duration::from_secs(args.connect_timeout),
             read: Duration::from_secs(args.read_timeout),
+            total: Duration::from_secs(args.download_timeout),
+            max_bytes: args.max_download_size.saturating_mul(1 << 20),
         },
         ca_bundle: args.ca_bundle.clone(),
     };

@@ -29,6 +29,37 @@ pub use crate::runfile::{Checksum, Compression};
 /// InsufficientDisk in `Error::io`).
 const LOCAL_IO: Reason = Reason::Internal;
 
+/// Bounds on what one extraction may write, so that a small hostile
+/// archive (a sparse-file or compression bomb) cannot fill the disk or
+/// exhaust the inodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of file contents in the whole tree.
+    pub max_bytes: u64,
+    /// Files, directories and links in the whole tree.
+    pub max_entries: u64,
+}
+
+/// NVIDIA's largest `.run` (x86_64, with its user space) unpacks to about
+/// 1 GiB and 2,000 entries; kernel headers to about 100 MiB and 25,000
+/// entries. The defaults leave room for several times that.
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_bytes: 8 << 30,
+    max_entries: 500_000,
+};
+
+static LIMITS: std::sync::OnceLock<Limits> = std::sync::OnceLock::new();
+
+/// Sets the limits for this process (`--max-unpacked-size`), once, before
+/// any extraction; later calls are ignored.
+pub fn set_limits(limits: Limits) {
+    let _ = LIMITS.set(limits);
+}
+
+fn limits() -> Limits {
+    LIMITS.get().copied().unwrap_or(DEFAULT_LIMITS)
+}
+
 /// Symlinks followed while checking where a link leads, as Linux's limit.
 const MAX_LINK_HOPS: usize = 40;
 
@@ -60,6 +91,21 @@ pub struct ExtractReport {
     pub checksums_verified: Vec<Checksum>,
 }
 
+/// The name prefix of the temporary tree an extraction into `<name>`
+/// fills before renaming it into place.
+fn partial_prefix(name: &str) -> String {
+    format!(".{name}{PARTIAL_MARK}")
+}
+
+const PARTIAL_MARK: &str = ".partial-";
+
+/// Whether a directory entry is an extraction's temporary tree (left
+/// behind only when the process was killed): owners sweep these under
+/// their lock.
+pub fn is_partial_name(name: &str) -> bool {
+    name.starts_with('.') && name.contains(PARTIAL_MARK)
+}
+
 /// Unpacks `src` (a makeself `.run`, a tarball or a directory, told apart by
 /// content) into `dest`, which must not exist yet. Nothing is executed.
 ///
@@ -69,6 +115,11 @@ pub struct ExtractReport {
 /// checksum-failing package with [`Reason::ArchiveInvalid`]. On any error
 /// nothing is left at `dest`.
 pub fn extract_package(src: &Path, dest: &Path) -> Result<ExtractReport> {
+    extract_package_with(src, dest, limits())
+}
+
+/// [`extract_package`] within explicit [`Limits`] instead of the process's.
+pub fn extract_package_with(src: &Path, dest: &Path, limits: Limits) -> Result<ExtractReport> {
     let kind = sniff(src)?;
     if fs::symlink_metadata(dest).is_ok() {
         return Err(Error::new(
@@ -94,11 +145,12 @@ pub fn extract_package(src: &Path, dest: &Path) -> Result<ExtractReport> {
     // Beside the target, so the final rename stays on one filesystem; the
     // TempDir removes itself if anything below fails.
     let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.partial-", name.to_string_lossy()))
+        .prefix(&partial_prefix(&name.to_string_lossy()))
         .tempdir_in(parent)
         .map_err(|e| Error::io(LOCAL_IO, "creating a temporary directory in", parent, e))?;
 
     let mut tree = Tree::new(tmp.path(), src);
+    tree.limits = limits;
     let (compression, checksums_verified) = match kind {
         PackageKind::Makeself => {
             let (c, sums) = extract_makeself(src, &mut tree)?;
@@ -438,6 +490,7 @@ struct Tree<'a> {
     symlinks: Vec<PathBuf>,
     entries: u64,
     bytes: u64,
+    limits: Limits,
     /// The tree is an image of `/` (a `.deb`'s data.tar): absolute symlink
     /// targets mean "from the root of the tree" and are rewritten relative,
     /// instead of being refused.
@@ -456,6 +509,7 @@ impl<'a> Tree<'a> {
             symlinks: Vec::new(),
             entries: 0,
             bytes: 0,
+            limits: limits(),
             root_image: false,
         }
     }
@@ -469,6 +523,21 @@ impl<'a> Tree<'a> {
                 entry.display()
             ),
         )
+    }
+
+    /// Counts one more entry, refusing the archive past the limit.
+    fn count_entry(&mut self, rel: &Path) -> Result<()> {
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(self.unsafe_entry(
+                rel,
+                format_args!(
+                    "is one more than the {} entries an extraction may create (--max-unpacked-entries)",
+                    self.limits.max_entries
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn invalid(&self, what: impl std::fmt::Display) -> Error {
@@ -554,7 +623,7 @@ impl<'a> Tree<'a> {
     fn add_dir(&mut self, rel: &Path, mode: u32) -> Result<()> {
         self.ensure_dir(rel, rel)?;
         self.dir_modes.push((rel.to_path_buf(), mode));
-        self.entries += 1;
+        self.count_entry(rel)?;
         Ok(())
     }
 
@@ -590,6 +659,15 @@ impl<'a> Tree<'a> {
                     )));
                 }
             };
+            if self.bytes + written + n as u64 > self.limits.max_bytes {
+                return Err(self.unsafe_entry(
+                    rel,
+                    format_args!(
+                        "would take the tree past {} MiB, the most an extraction may write (--max-unpacked-size)",
+                        self.limits.max_bytes >> 20
+                    ),
+                ));
+            }
             out.write_all(&buf[..n])
                 .map_err(|e| Error::io(LOCAL_IO, "writing", &full, e))?;
             written += n as u64;
@@ -612,7 +690,7 @@ impl<'a> Tree<'a> {
                 .map_err(|e| Error::io(LOCAL_IO, "setting the time of", &full, e))?;
         }
         self.bytes += written;
-        self.entries += 1;
+        self.count_entry(rel)?;
         Ok(())
     }
 
@@ -663,7 +741,7 @@ impl<'a> Tree<'a> {
         std::os::unix::fs::symlink(target, &full)
             .map_err(|e| Error::io(LOCAL_IO, "creating the symlink", &full, e))?;
         self.symlinks.push(rel.to_path_buf());
-        self.entries += 1;
+        self.count_entry(rel)?;
         Ok(())
     }
 
@@ -699,7 +777,7 @@ impl<'a> Tree<'a> {
         let full = self.root.join(rel);
         fs::hard_link(&target_full, &full)
             .map_err(|e| Error::io(LOCAL_IO, "creating the hard link", &full, e))?;
-        self.entries += 1;
+        self.count_entry(rel)?;
         Ok(())
     }
 

@@ -59,20 +59,70 @@ impl RetryPolicy {
     }
 }
 
-/// Network limits for one request.
+/// The bounds of one download: time per request and per read, time for
+/// the whole fetch, and its size.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     pub connect: Duration,
     /// Longest wait for the response head or for any single read of the body.
     pub read: Duration,
+    /// The whole fetch, every source, retry and backoff included: a server
+    /// that sends one byte just inside each read timeout still ends.
+    pub total: Duration,
+    /// The most bytes a download may have; a larger `Content-Length` is
+    /// refused before anything is written.
+    pub max_bytes: u64,
 }
+
+/// 30 minutes: NVIDIA's largest `.run` (about 400 MB) at 250 kB/s.
+pub const DEFAULT_DOWNLOAD_TIMEOUT_SECS: u64 = 1800;
+
+/// 2 GiB: five times NVIDIA's largest `.run`.
+pub const DEFAULT_MAX_DOWNLOAD_MIB: u64 = 2048;
 
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
             connect: Duration::from_secs(30),
             read: Duration::from_secs(60),
+            total: Duration::from_secs(DEFAULT_DOWNLOAD_TIMEOUT_SECS),
+            max_bytes: DEFAULT_MAX_DOWNLOAD_MIB << 20,
         }
+    }
+}
+
+/// When a fetch must have ended.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    total: Duration,
+}
+
+impl Deadline {
+    fn new(total: Duration) -> Self {
+        Deadline {
+            at: Instant::now() + total,
+            total,
+        }
+    }
+
+    fn passed(&self) -> bool {
+        Instant::now() >= self.at
+    }
+
+    fn left(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    fn error(&self, url: &str, got: u64) -> Error {
+        Error::new(
+            Reason::DownloadFailed,
+            format!(
+                "{url}: the download deadline of {} s passed after {got} bytes",
+                self.total.as_secs()
+            ),
+        )
+        .with_hint("raise --download-timeout for a slow network, or add a closer --mirror")
     }
 }
 
@@ -95,6 +145,9 @@ pub enum ChecksumSource {
 #[serde(rename_all = "camelCase")]
 pub struct Attempt {
     pub url: String,
+    /// Where the bytes of this attempt came from, after redirects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_url: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
     /// Bytes received in this attempt.
@@ -275,18 +328,18 @@ fn proxy_from_env() -> Option<reqwest::Proxy> {
     None
 }
 
-/// At most [`MAX_REDIRECTS`] redirects, none from HTTPS to plain HTTP
-/// (whether or not plain HTTP is allowed).
+/// At most [`MAX_REDIRECTS`] redirects, and only to HTTPS: `--allow-http`
+/// permits the plain-HTTP URLs it was given, never one a server (or a
+/// network in between) names, so a redirect can never lower the scheme.
 fn redirect_policy() -> reqwest::redirect::Policy {
     reqwest::redirect::Policy::custom(|attempt| {
         if attempt.previous().len() > MAX_REDIRECTS {
             let msg = format!("more than {MAX_REDIRECTS} redirects");
             attempt.error(msg)
-        } else if attempt.url().scheme() != "https"
-            && attempt.previous().iter().any(|u| u.scheme() == "https")
-        {
+        } else if attempt.url().scheme() != "https" {
+            let from = attempt.previous().last().map(redacted).unwrap_or_default();
             let msg = format!(
-                "refusing a redirect from HTTPS to {}",
+                "refusing a redirect from {from} to {}: redirects are followed to HTTPS only",
                 redacted(attempt.url())
             );
             attempt.error(msg)
@@ -401,17 +454,29 @@ pub fn fetch(opts: &FetchOptions) -> Result<Fetched, FetchError> {
     }
 
     let agent = agent(opts)?;
+    let deadline = Deadline::new(opts.timeouts.total);
     let mut attempts = Vec::new();
     let mut mismatch = None;
+    let mut late = None;
     for url in &opts.urls {
-        match fetch_from(&agent, url, &sha, &partial, opts, &mut attempts) {
+        if deadline.passed() {
+            late = Some(deadline.error(url, 0));
+            break;
+        }
+        match fetch_from(&agent, url, &sha, &partial, opts, deadline, &mut attempts) {
             Ok(size) => {
                 finish(&partial, &final_path)?;
+                // The last attempt delivered the bytes (or their rest):
+                // name where they came from, after redirects.
+                let source = attempts
+                    .last()
+                    .and_then(|a| a.final_url.clone())
+                    .unwrap_or_else(|| url.clone());
                 return Ok(Fetched {
                     path: final_path,
                     size,
                     cache_hit: false,
-                    source_url: Some(url.clone()),
+                    source_url: Some(source),
                     attempts,
                 });
             }
@@ -419,11 +484,24 @@ pub fn fetch(opts: &FetchOptions) -> Result<Fetched, FetchError> {
                 tracing::warn!("{e}; trying the next source");
                 mismatch = Some(e);
             }
+            Err(e) if e.reason == Reason::DownloadFailed && deadline.passed() => {
+                // What was received stays for a later run to resume.
+                late = Some(e);
+                break;
+            }
             Err(e) if e.reason == Reason::DownloadFailed => {
                 tracing::warn!("{url}: {e}; trying the next source");
             }
-            Err(e) => return Err(FetchError { error: e, attempts }),
+            Err(e) => {
+                // A full disk, a size over the cap, a local I/O error: what
+                // was written cannot be resumed usefully, so it goes.
+                remove(&partial)?;
+                return Err(FetchError { error: e, attempts });
+            }
         }
+    }
+    if let Some(error) = late {
+        return Err(FetchError { error, attempts });
     }
     let error = mismatch.unwrap_or_else(|| {
         let detail: Vec<String> = attempts
@@ -456,6 +534,7 @@ fn fetch_from(
     sha: &str,
     partial: &Path,
     opts: &FetchOptions,
+    deadline: Deadline,
     attempts: &mut Vec<Attempt>,
 ) -> Result<u64> {
     let mut retry = 0;
@@ -463,12 +542,13 @@ fn fetch_from(
     loop {
         let mut attempt = Attempt {
             url: url.to_string(),
+            final_url: None,
             http_status: None,
             bytes: 0,
             resumed: false,
             error: None,
         };
-        let outcome = download_once(agent, url, partial, opts, &mut attempt);
+        let outcome = download_once(agent, url, partial, opts, deadline, &mut attempt);
         let resumed = attempt.resumed;
         if let Err(t) = &outcome {
             attempt.error = Some(t.error.message.clone());
@@ -496,9 +576,13 @@ fn fetch_from(
             }
             Err(t) if !t.retryable => return Err(t.error),
             Err(t) if retry >= opts.retry.retries => return Err(t.error),
+            Err(_) if deadline.passed() => return Err(deadline.error(url, 0)),
             Err(t) => {
                 retry += 1;
-                let wait = opts.retry.backoff(retry, t.retry_after);
+                let wait = opts
+                    .retry
+                    .backoff(retry, t.retry_after)
+                    .min(deadline.left());
                 tracing::info!(
                     "{url}: {}; retry {retry}/{} in {:?}",
                     t.error.message,
@@ -567,19 +651,34 @@ fn download_once(
     url: &str,
     partial: &Path,
     opts: &FetchOptions,
+    deadline: Deadline,
     attempt: &mut Attempt,
 ) -> std::result::Result<(String, u64), Transient> {
     let have = fs::metadata(partial).map(|m| m.len()).unwrap_or(0);
     let resp = send(agent, url, have)?;
     attempt.http_status = Some(resp.status().as_u16());
+    attempt.final_url = Some(resp.url().to_string());
     let resume = resumes(&resp, url, partial, have)?;
     attempt.resumed = resume;
     let expected_len = header(&resp, "content-length").and_then(|v| v.parse::<u64>().ok());
-    let (mut file, hasher) = open_partial(partial, resume, have)?;
     let start = if resume { have } else { 0 };
-    let total = expected_len.map(|n| n + start);
+    let total = expected_len.map(|n| n.saturating_add(start));
+    let max = opts.timeouts.max_bytes;
+    if let Some(total) = total.filter(|t| *t > max) {
+        return Err(fatal(too_large(
+            url,
+            &format!("announces {total} bytes"),
+            max,
+        )));
+    }
+    let (mut file, hasher) = open_partial(partial, resume, have)?;
     let mut progress = Progress::new(url, total, start, opts.progress_bar);
-    let streamed = stream(resp, &mut file, hasher, url, partial, start, &mut progress);
+    let bounds = StreamBounds {
+        start,
+        max,
+        deadline,
+    };
+    let streamed = stream(resp, &mut file, hasher, url, partial, bounds, &mut progress);
     progress.finish();
     let (hasher, got) = match streamed {
         Ok(r) => r,
@@ -600,6 +699,28 @@ fn download_once(
     file.sync_all()
         .map_err(|e| fatal(Error::io(Reason::DownloadFailed, "syncing", partial, e)))?;
     Ok((hex::encode(hasher.finalize()), start + got))
+}
+
+/// A download over `--max-download-size`.
+fn too_large(url: &str, what: &str, max: u64) -> Error {
+    Error::new(
+        Reason::UnsafeArchive,
+        format!(
+            "{url} {what}, more than the {} MiB a download may have; nothing of it was kept",
+            max >> 20
+        ),
+    )
+    .with_hint("a real driver package is under 1 GiB; check the URL, or raise --max-download-size")
+}
+
+/// Where a body continues the file, and how far it may go.
+#[derive(Clone, Copy)]
+struct StreamBounds {
+    /// Bytes already in the partial file.
+    start: u64,
+    /// The most the whole file may have.
+    max: u64,
+    deadline: Deadline,
 }
 
 /// A local failure: retrying the URL would not help.
@@ -719,9 +840,10 @@ fn stream(
     hasher: Sha256,
     url: &str,
     partial: &Path,
-    start: u64,
+    bounds: StreamBounds,
     progress: &mut Progress,
 ) -> std::result::Result<(Sha256, u64), (Transient, u64)> {
+    let start = bounds.start;
     let mut hashing = ParallelHasher::new(hasher);
     let mut got = 0u64;
     let mut flushed = 0u64;
@@ -739,12 +861,19 @@ fn stream(
                 return Err((transient(msg, true), got));
             }
         };
+        if start + got + n as u64 > bounds.max {
+            let what = format!("sent more than {} bytes", bounds.max);
+            return Err((fatal(too_large(url, &what, bounds.max)), got));
+        }
         if let Err(e) = file.write_all(&buf[..n]) {
             let err = Error::io(Reason::DownloadFailed, "writing", partial, e);
             return Err((fatal(err), got));
         }
         hashing.submit(buf, n);
         got += n as u64;
+        if bounds.deadline.passed() {
+            return Err((fatal(bounds.deadline.error(url, got)), got));
+        }
         progress.update(start + got);
         if got - flushed >= WRITEBACK_EVERY {
             start_writeback(file, start + flushed, got - flushed);
@@ -1052,17 +1181,35 @@ pub fn find_checksum(
     }
     let mut tried = Vec::new();
     let companion = format!("{}.sha256sum", req.url);
-    match fetch_text(opts, &companion) {
-        Ok(text) => match parse_sha256sum(&text, &file) {
-            Some(sum) => return Ok((sum, ChecksumSource::Companion)),
-            None => tried.push(format!("{companion} holds no sha256 for {file}")),
-        },
-        Err(e) => tried.push(e.message),
+    // A checksum that came over plain HTTP proves nothing about a package
+    // that came the same way: companions and manifests only over HTTPS.
+    let secure = |url: &str| url.to_ascii_lowercase().starts_with("https://");
+    if !secure(&companion) {
+        tried.push(format!(
+            "{companion} would come over plain HTTP, and a checksum is only trusted over HTTPS or from the catalog"
+        ));
+    } else {
+        match fetch_text(opts, &companion) {
+            Ok(text) => match parse_sha256sum(&text, &file) {
+                Some(sum) => return Ok((sum, ChecksumSource::Companion)),
+                None => tried.push(format!("{companion} holds no sha256 for {file}")),
+            },
+            Err(e) => tried.push(e.message),
+        }
     }
     if let Some(manifest) = req
         .manifest
         .clone()
         .or_else(|| redistrib_manifest_url(&req.url))
+        .filter(|m| {
+            let ok = secure(m);
+            if !ok {
+                tried.push(format!(
+                    "{m} would come over plain HTTP; not used for a checksum"
+                ));
+            }
+            ok
+        })
     {
         match fetch_text(opts, &manifest) {
             Ok(text) => match sha256_from_redistrib(&text, &file) {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::path::{Component, Path, PathBuf};
 
 use schemars::JsonSchema;
@@ -155,12 +155,84 @@ pub fn pid1_is_foreign(pid1_mnt: Option<&Path>, self_mnt: Option<&Path>) -> bool
     matches!((pid1_mnt, self_mnt), (Some(a), Some(b)) if a != b)
 }
 
-/// Reads a file that may be absent: `Ok(None)` when it does not exist.
+/// The most a host file the installer reads may hold: os-release and the
+/// `/proc` and `/sys` files are a few KiB.
+pub const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
+
+/// Reads a small host file: a regular file only (a FIFO would block and a
+/// device such as `/dev/zero` never end), at most [`MAX_HOST_FILE_BYTES`].
+/// `Ok(None)` when it does not exist; the open is non-blocking, so even a
+/// FIFO without a writer cannot hang it.
+pub fn read_host_file(path: &Path) -> Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(Reason::HostReadFailed, "opening", path, e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(Reason::HostReadFailed, "inspecting", path, e))?;
+    if !meta.file_type().is_file() {
+        return Err(Error::new(
+            Reason::HostReadFailed,
+            format!(
+                "{} is not a regular file ({}); refusing to read it",
+                path.display(),
+                describe_file_type(&meta.file_type())
+            ),
+        )
+        .with_hint("the host root's os-release, /proc and /sys files must be the real ones; check --host-root"));
+    }
+    let mut bytes = Vec::new();
+    (&file)
+        .take(MAX_HOST_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(Reason::HostReadFailed, "reading", path, e))?;
+    if bytes.len() as u64 > MAX_HOST_FILE_BYTES {
+        return Err(Error::new(
+            Reason::HostReadFailed,
+            format!(
+                "{} is larger than {} KiB, too large for the file it should be; refusing to read it",
+                path.display(),
+                MAX_HOST_FILE_BYTES >> 10
+            ),
+        ));
+    }
+    Ok(Some(bytes))
+}
+
+fn describe_file_type(t: &fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Reads a small host text file that may be absent ([`read_host_file`]).
 pub fn read_optional(path: &Path) -> Result<Option<String>> {
-    match fs::read_to_string(path) {
-        Ok(s) => Ok(Some(s)),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(Reason::HostReadFailed, "reading", path, e)),
+    match read_host_file(path)? {
+        None => Ok(None),
+        Some(bytes) => String::from_utf8(bytes).map(Some).map_err(|_| {
+            Error::new(
+                Reason::HostReadFailed,
+                format!("{} is not UTF-8 text", path.display()),
+            )
+        }),
     }
 }
 
@@ -597,11 +669,14 @@ pub fn read_secure_boot(root: &HostRoot) -> Result<SecureBoot> {
         return Ok(SecureBoot::NotEfi);
     }
     let var = efi.join("efivars").join(SECURE_BOOT_VAR);
-    match fs::read(&var) {
-        Ok(bytes) => Ok(parse_secure_boot_var(&bytes)),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(SecureBoot::Unknown),
-        Err(e) if e.kind() == ErrorKind::PermissionDenied => Ok(SecureBoot::Unknown),
-        Err(e) => Err(Error::io(Reason::HostReadFailed, "reading", &var, e)),
+    match read_host_file(&var) {
+        Ok(Some(bytes)) => Ok(parse_secure_boot_var(&bytes)),
+        Ok(None) => Ok(SecureBoot::Unknown),
+        // efivarfs may be unreadable to us: not knowing is an answer.
+        Err(_) if fs::File::open(&var).is_err_and(|e| e.kind() == ErrorKind::PermissionDenied) => {
+            Ok(SecureBoot::Unknown)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -775,5 +850,38 @@ mod tests {
         );
         assert!(!pid1_is_foreign(Some(Path::new("a")), Some(Path::new("a"))));
         assert!(!pid1_is_foreign(None, Some(Path::new("a"))));
+    }
+}
+
+#[cfg(test)]
+mod bounded_read_tests {
+    use super::*;
+
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = dir.path().join("os-release");
+        fs::write(&ok, "ID=debian\n").unwrap();
+        assert_eq!(read_optional(&ok).unwrap().as_deref(), Some("ID=debian\n"));
+        assert_eq!(read_optional(&dir.path().join("absent")).unwrap(), None);
+
+        // A FIFO without a writer: refused at once, not waited on.
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let e = read_optional(&fifo).unwrap_err();
+        assert_eq!(e.reason, Reason::HostReadFailed);
+        assert!(e.message.contains("a FIFO"), "{e}");
+
+        // A link to a device that never ends.
+        let zero = dir.path().join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = read_optional(&zero).unwrap_err();
+        assert!(e.message.contains("character device"), "{e}");
+
+        let big = dir.path().join("big");
+        fs::write(&big, vec![b'x'; MAX_HOST_FILE_BYTES as usize + 1]).unwrap();
+        let e = read_optional(&big).unwrap_err();
+        assert_eq!(e.reason, Reason::HostReadFailed);
+        assert!(e.message.contains("larger than"), "{e}");
     }
 }

@@ -41,7 +41,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use nix::errno::Errno;
 use nix::kmod::{DeleteModuleFlags, ModuleInitFlags};
@@ -57,6 +56,9 @@ use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
 
 /// Versioned driver roots, relative to the host root.
 pub const DRIVERS_DIR: &str = "/var/lib/gpu-driver/drivers";
+/// The name prefix of the directory an artifact is unpacked into.
+const STAGING_PREFIX: &str = ".staging-";
+
 /// The host lock every installer takes before touching modules.
 pub const LOCK_PATH: &str = "/run/gpu-driver/install.lock";
 /// NVIDIA's modules in load order; unloading goes the other way.
@@ -613,9 +615,12 @@ fn remove_leftovers(fs: &HostFs) {
     };
     for (name, _) in entries {
         let text = name.to_string_lossy();
-        if [".staging-", ".old-", ".current."]
+        // The extractor's temporary tree beside a staging directory is
+        // `..staging-PID.partial-*`.
+        if [STAGING_PREFIX, ".old-", ".current."]
             .iter()
             .any(|p| text.starts_with(p))
+            || crate::extract::is_partial_name(&text)
         {
             remove_logged(fs, &name, "left by an interrupted run");
         }
@@ -900,7 +905,7 @@ fn unpack<'a>(run: &'a Run, st: &mut InstallStatus) -> Result<(Staging<'a>, Mani
     let drivers = run.fs.real_dir(DRIVERS_DIR)?;
     // Under the lock, anything half-made is a killed run's leftover.
     remove_leftovers(&run.fs);
-    let name = format!(".staging-{}", std::process::id());
+    let name = format!("{STAGING_PREFIX}{}", std::process::id());
     let staging = Staging {
         fs: &run.fs,
         rel: in_drivers(&name),
@@ -1316,7 +1321,7 @@ fn rollback(loaded_now: &[String], st: &mut InstallStatus) {
 
 /// `modprobe DEP` for a dependency from the host's own module tree.
 fn modprobe(root: &HostRoot, dep: &str) -> Result<()> {
-    let mut cmd = Command::new("modprobe");
+    let mut cmd = crate::process::command("modprobe");
     if root.path() != Path::new("/") {
         cmd.arg("-d").arg(root.path());
     }

@@ -25,6 +25,7 @@ pub mod modinfo;
 #[cfg(feature = "operator")]
 pub mod operator;
 pub mod process;
+pub mod redact;
 pub mod report;
 pub mod resolve;
 pub mod run;

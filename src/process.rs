@@ -27,6 +27,33 @@ pub const C_LOCALE: &[(&str, &str)] = &[
     ("LC_MESSAGES", "C"),
 ];
 
+/// Variables a child inherits; everything else (cache credentials such as
+/// `AWS_*`, `GOOGLE_*`, `AZURE_*`, proxy URLs with passwords, the Job's
+/// whole environment) stays with the installer. PATH finds the tools and
+/// TMPDIR is where the compiler writes its temporaries.
+pub const INHERITED_ENV: &[&str] = &["PATH", "TMPDIR"];
+
+/// PATH when the installer itself has none (an empty Job environment).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A command for `program` with an explicit, minimal environment: the
+/// [`INHERITED_ENV`] variables and the C locale, nothing else. Every
+/// external tool the installer runs is made here.
+pub fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_clear();
+    for var in INHERITED_ENV {
+        if let Some(v) = std::env::var_os(var) {
+            cmd.env(var, v);
+        }
+    }
+    if std::env::var_os("PATH").is_none() {
+        cmd.env("PATH", DEFAULT_PATH);
+    }
+    cmd.envs(C_LOCALE.iter().copied());
+    cmd
+}
+
 /// `program arg1 arg2 …` as it would be typed, for messages and logs.
 pub fn command_line(cmd: &Command) -> String {
     let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
@@ -96,10 +123,8 @@ pub fn run_logged(
 ) -> Result<ExitStatus> {
     const LOCAL_IO: Reason = Reason::Internal;
     let mut file = File::create(log).map_err(|e| Error::io(LOCAL_IO, "creating", log, e))?;
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .envs(C_LOCALE.iter().copied())
-        .stdin(Stdio::null());
+    let mut cmd = command(program);
+    cmd.args(args).stdin(Stdio::null());
     let header = format!("$ {}\n", command_line(&cmd));
     file.write_all(header.as_bytes())
         .map_err(|e| Error::io(LOCAL_IO, "writing", log, e))?;
@@ -213,5 +238,28 @@ mod tests {
     fn stderr_tail_is_bounded() {
         let long = "x".repeat(10_000);
         assert!(stderr_tail(long.as_bytes()).len() <= STDERR_TAIL_BYTES);
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+
+    /// The test harness runs with CARGO_* and whatever the shell had; a
+    /// child made by `command` sees none of it.
+    #[test]
+    fn children_get_only_the_minimal_environment() {
+        let mut cmd = command("env");
+        let out = run(&mut cmd, Reason::Internal).unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let names: Vec<&str> = text.lines().filter_map(|l| l.split('=').next()).collect();
+        assert!(names.contains(&"PATH"), "{text}");
+        for name in &names {
+            assert!(
+                INHERITED_ENV.contains(name) || C_LOCALE.iter().any(|(k, _)| k == name),
+                "{name} leaked into a child: {text}"
+            );
+        }
+        assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")));
     }
 }

@@ -97,10 +97,12 @@ pub trait ResultDocument: Serialize {
     fn outcome(&self) -> &Outcome;
 }
 
-/// Pretty JSON with a trailing newline, as printed on stdout.
+/// Pretty JSON with a trailing newline, as printed on stdout; credentials
+/// in any URL masked ([`crate::redact`]).
 pub fn to_json<T: Serialize>(doc: &T) -> Result<String> {
-    let mut s = serde_json::to_string_pretty(doc)
+    let s = serde_json::to_string_pretty(doc)
         .map_err(|e| Error::new(crate::Reason::Internal, format!("serializing result: {e}")))?;
+    let mut s = crate::redact::text(&s).into_owned();
     s.push('\n');
     Ok(s)
 }
@@ -111,6 +113,7 @@ pub fn to_json<T: Serialize>(doc: &T) -> Result<String> {
 pub fn termination_message<T: ResultDocument>(kind: Kind, doc: &T) -> Result<String> {
     let full = serde_json::to_string(doc)
         .map_err(|e| Error::new(crate::Reason::Internal, format!("serializing result: {e}")))?;
+    let full = crate::redact::text(&full).into_owned();
     if full.len() <= TERMINATION_LOG_LIMIT {
         return Ok(full);
     }
@@ -126,7 +129,8 @@ pub fn termination_message<T: ResultDocument>(kind: Kind, doc: &T) -> Result<Str
     };
     // Escaping makes the JSON longer than the text by a varying amount, so
     // binary-search the longest prefix (cut on a char boundary) that fits.
-    let text = outcome.message.as_str();
+    let redacted = crate::redact::text(&outcome.message);
+    let text = redacted.as_ref();
     let prefix = |n: usize| crate::text::prefix(text, n);
     let (mut lo, mut hi) = (0usize, text.len());
     while lo < hi {

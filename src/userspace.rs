@@ -11,7 +11,6 @@
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
-use std::process::Command;
 
 use crate::error::{Error, Result};
 use crate::host::HostRoot;
@@ -262,7 +261,7 @@ pub fn run_ldconfig(root: &HostRoot) -> Result<String> {
             ),
         ));
     };
-    let mut cmd = Command::new(program);
+    let mut cmd = crate::process::command(program);
     cmd.args(&args);
     crate::process::run(&mut cmd, Reason::Internal)?;
     Ok(crate::process::command_line(&cmd))

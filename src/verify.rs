@@ -2,7 +2,6 @@
 //! compares that with detect (GPU count) and the installed driver version.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -197,7 +196,7 @@ fn verify_inner(root: &HostRoot, smi: &Path, st: &mut VerifyStatus) -> Result<St
             "the artifact carried no user space (built from module sources without one); build from NVIDIA's .run, install nvidia-smi into the driver root's usr/bin/, or pass --nvidia-smi",
         ));
     }
-    let mut cmd = Command::new(smi);
+    let mut cmd = crate::process::command(smi);
     cmd.args(SMI_ARGS);
     // The driver root's own libraries (libnvidia-ml) before the system's.
     let mut libs: Vec<String> = Vec::new();

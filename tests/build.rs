@@ -122,6 +122,34 @@ fn missing_headers_dir_is_kernel_headers_not_found() {
 }
 
 #[test]
+fn what_a_killed_build_left_in_its_work_dir_is_removed_by_the_next_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().display().to_string();
+    let out = tmp.path().join("out");
+    let work = out.join(format!("work-open-{REL}"));
+    // The extractor's temporary tree, as a kill -9 during extraction
+    // leaves it (900 MB for a real .run, enough to fail the next build's
+    // disk check).
+    let left = work.join(".source.partial-Xy12ab");
+    fs::create_dir_all(left.join("kernel-open")).unwrap();
+    fs::write(left.join("kernel-open/big.o"), vec![0u8; 1 << 20]).unwrap();
+    let out_s = out.display().to_string();
+    let r = finish(
+        bin()
+            .args(build_args(
+                &src,
+                &out_s,
+                &["--headers", "/nonexistent/headers"],
+            ))
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(reason(&r), "KernelHeadersNotFound", "{}", r.doc);
+    assert!(!left.exists(), "the killed build's leftover is still there");
+    assert!(work.is_dir());
+}
+
+#[test]
 fn headers_of_another_release_are_a_mismatch() {
     let tmp = tempfile::tempdir().unwrap();
     let arch = headers(tmp.path(), REL, "6.1.0-49-cloud-amd64");

@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use gpu_driver::Reason;
-use gpu_driver::extract::{Checksum, Compression, PackageKind, extract_package, module_source_dir};
+use gpu_driver::extract::{
+    Checksum, Compression, Limits, PackageKind, extract_package, extract_package_with,
+    module_source_dir,
+};
 use gpu_driver::host::ModuleFlavor;
 
 // ---------------------------------------------------------------- helpers
@@ -846,4 +849,86 @@ fn debian_nvidia_open_kernel_source_tarball() {
     let err = module_source_dir(&dest, ModuleFlavor::Proprietary).unwrap_err();
     assert_eq!(err.reason, Reason::ArchiveInvalid);
     assert!(err.message.contains("modules/nvidia-kernel/"), "{err}");
+}
+
+/// A GNU sparse entry whose map says "16 GiB, all hole": a few hundred
+/// bytes of tar.gz that unpack to 16 GiB of zeros.
+fn sparse_bomb() -> Vec<u8> {
+    const REAL: u64 = 16 << 30;
+    let mut h = tar::Header::new_gnu();
+    let octal = |field: &mut [u8], v: u64| {
+        // All 12 digits, no terminator: 16 GiB needs them.
+        let s = format!("{v:0width$o}", width = field.len());
+        field.copy_from_slice(s.as_bytes());
+    };
+    {
+        let gnu = h.as_gnu_mut().unwrap();
+        gnu.name[..8].copy_from_slice(b"bomb.bin");
+        octal(&mut gnu.sparse[0].offset, REAL);
+        octal(&mut gnu.sparse[0].numbytes, 0);
+        octal(&mut gnu.realsize, REAL);
+    }
+    h.set_entry_type(tar::EntryType::GNUSparse);
+    h.set_size(0);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&h, &b""[..]).unwrap();
+    gzip(&b.into_inner().unwrap())
+}
+
+#[test]
+fn a_decompression_bomb_stops_at_the_size_limit() {
+    let work = tempfile::tempdir().unwrap();
+    let bomb = work.path().join("bomb.tar.gz");
+    let bytes = sparse_bomb();
+    assert!(bytes.len() < 1024, "{} bytes", bytes.len());
+    fs::write(&bomb, bytes).unwrap();
+    let dest = work.path().join("out");
+    let limits = Limits {
+        max_bytes: 64 << 20,
+        max_entries: 1000,
+    };
+    let err = extract_package_with(&bomb, &dest, limits).expect_err("must be refused");
+    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
+    assert!(
+        err.message.contains("64 MiB") && err.message.contains("--max-unpacked-size"),
+        "{err}"
+    );
+    assert_nothing_left(&dest);
+
+    // Zeros that compress 1000:1 take the same road.
+    let zeros = gzip(&raw_tar(&[Raw::File("z", &vec![0u8; 2 << 20])]));
+    fs::write(&bomb, zeros).unwrap();
+    let small = Limits {
+        max_bytes: 1 << 20,
+        max_entries: 1000,
+    };
+    let err = extract_package_with(&bomb, &dest, small).expect_err("must be refused");
+    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
+    assert_nothing_left(&dest);
+}
+
+#[test]
+fn an_archive_of_too_many_entries_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let names: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
+    let entries: Vec<Raw> = names.iter().map(|n| Raw::File(n, b"")).collect();
+    let src = work.path().join("many.tar.gz");
+    fs::write(&src, gzip(&raw_tar(&entries))).unwrap();
+    let dest = work.path().join("out");
+    let limits = Limits {
+        max_bytes: 1 << 20,
+        max_entries: 10,
+    };
+    let err = extract_package_with(&src, &dest, limits).expect_err("must be refused");
+    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
+    assert!(err.message.contains("--max-unpacked-entries"), "{err}");
+    assert_nothing_left(&dest);
+    // Within the limit it unpacks.
+    let ok = Limits {
+        max_bytes: 1 << 20,
+        max_entries: 20,
+    };
+    extract_package_with(&src, &dest, ok).unwrap();
 }

@@ -389,7 +389,7 @@ fn checksums_come_from_companions_and_manifests() {
     let sum = sha256_hex(&body);
     let b = body.clone();
     let s2 = sum.clone();
-    let server = Server::start(move |req: &Request| {
+    let handler = move |req: &Request| {
         match req.path() {
         "/a/NVIDIA-Linux-x86_64-580.95.05.run.sha256sum" => Reply::Full(
             200,
@@ -407,26 +407,31 @@ fn checksums_come_from_companions_and_manifests() {
         p if p.ends_with(".sha256sum") => Reply::Full(404, vec![], vec![]),
         _ => Reply::Ranged(b.clone()),
     }
-    });
+    };
+    let (server, ca_pem) = Server::start_tls(handler.clone());
     let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/a/NVIDIA-Linux-x86_64-580.95.05.run");
-    let r = fetch(dir.path(), &["--url", &url, "--allow-http"], &[]);
+    let ca = dir.path().join("ca.pem");
+    fs::write(&ca, ca_pem).unwrap();
+    let ca = ca.to_str().unwrap();
+    let cache = dir.path().join("c1");
+    let url = server.https_url("/a/NVIDIA-Linux-x86_64-580.95.05.run");
+    let r = fetch(&cache, &["--url", &url, "--ca-bundle", ca], &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(r.doc["status"]["checksumSource"], "companion");
     assert_eq!(r.doc["status"]["sha256"], sum);
 
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url(
+    let cache = dir.path().join("c2");
+    let url = server.https_url(
         "/redist/nvidia_driver/linux-x86_64/nvidia_driver-linux-x86_64-580.95.05-archive.tar.xz",
     );
-    let r = fetch(dir.path(), &["--url", &url, "--allow-http"], &[]);
+    let r = fetch(&cache, &["--url", &url, "--ca-bundle", ca], &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(r.doc["status"]["checksumSource"], "redistManifest");
 
     // No companion, no manifest: a checksum is required.
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/b/other.run");
-    let r = fetch(dir.path(), &["--url", &url, "--allow-http"], &[]);
+    let cache = dir.path().join("c3");
+    let url = server.https_url("/b/other.run");
+    let r = fetch(&cache, &["--url", &url, "--ca-bundle", ca], &[]);
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "ChecksumMissing");
     assert!(
@@ -435,7 +440,23 @@ fn checksums_come_from_companions_and_manifests() {
             .unwrap()
             .contains("--sha256")
     );
-    assert_eq!(cache_files(dir.path()), Vec::<String>::new());
+    assert_eq!(cache_files(&cache), Vec::<String>::new());
+
+    // The same companion and manifest over plain HTTP (allowed for the
+    // package) are not trusted for its checksum: nothing is requested.
+    let plain = Server::start(handler);
+    for path in [
+        "/a/NVIDIA-Linux-x86_64-580.95.05.run",
+        "/redist/nvidia_driver/linux-x86_64/nvidia_driver-linux-x86_64-580.95.05-archive.tar.xz",
+    ] {
+        let cache = dir.path().join("c4");
+        let r = fetch(&cache, &["--url", &plain.url(path), "--allow-http"], &[]);
+        assert_eq!(r.doc["status"]["reason"], "ChecksumMissing", "{}", r.doc);
+        let msg = r.doc["status"]["message"].as_str().unwrap();
+        assert!(msg.contains("plain HTTP"), "{msg}");
+        assert_eq!(cache_files(&cache), Vec::<String>::new());
+    }
+    assert_eq!(plain.count(), 0);
 }
 
 #[test]
@@ -671,6 +692,90 @@ fn https_with_a_private_ca_and_no_downgrade() {
     );
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     assert_eq!(plain.count(), 0);
+
+    // Nor with --allow-http: it permits URLs given as http://, never a
+    // redirect's (this one was followed before, and the result still
+    // named the https:// source).
+    let r = fetch(
+        &cache,
+        &[
+            "--url",
+            &url,
+            "--sha256",
+            &sum,
+            "--ca-bundle",
+            ca.to_str().unwrap(),
+            "--retries",
+            "0",
+            "--allow-http",
+        ],
+        &[],
+    );
+    assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(msg.contains("HTTPS only"), "{msg}");
+    assert_eq!(plain.count(), 0);
+    assert!(!cache.join(&sum).exists());
+
+    // A redirect to HTTPS is followed, and the result names where the
+    // bytes came from.
+    let cache = dir.path().join("cache3");
+    let moved_to = server.https_url("/p.run");
+    let (hop, hop_ca) = Server::start_tls(move |_: &Request| {
+        Reply::Full(302, vec![("Location".into(), moved_to.clone())], vec![])
+    });
+    let both = dir.path().join("both.pem");
+    fs::write(
+        &both,
+        format!("{}{}", fs::read_to_string(&ca).unwrap(), hop_ca),
+    )
+    .unwrap();
+    let start = hop.https_url("/moved.run");
+    let r = fetch(
+        &cache,
+        &[
+            "--url",
+            &start,
+            "--sha256",
+            &sum,
+            "--ca-bundle",
+            both.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(r.code, 0, "{}", r.doc);
+    assert_eq!(r.doc["status"]["sourceUrl"], server.https_url("/p.run"));
+    assert_eq!(r.doc["status"]["attempts"][0]["url"], start);
+    assert_eq!(
+        r.doc["status"]["attempts"][0]["finalUrl"],
+        server.https_url("/p.run")
+    );
+}
+
+#[test]
+fn a_plain_http_url_may_not_redirect_to_another_plain_http_url() {
+    let body = bytes(1000, 3);
+    let sum = sha256_hex(&body);
+    let target = Server::start(move |_| Reply::Ranged(body.clone()));
+    let to = target.url("/p.run");
+    let hop =
+        Server::start(move |_| Reply::Full(302, vec![("Location".into(), to.clone())], vec![]));
+    let dir = tempfile::tempdir().unwrap();
+    let r = fetch(
+        dir.path(),
+        &[
+            "--url",
+            &hop.url("/p.run"),
+            "--sha256",
+            &sum,
+            "--allow-http",
+            "--retries",
+            "0",
+        ],
+        &[],
+    );
+    assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
+    assert_eq!(target.count(), 0);
 }
 
 #[test]
@@ -698,4 +803,208 @@ fn a_resumed_prefix_of_another_file_is_not_trusted() {
     assert!(log[1].range_start().is_some());
     assert_eq!(log[2].range_start(), None, "the restart must not resume");
     assert_eq!(sha256_hex(&fs::read(dir.path().join(&sum)).unwrap()), sum);
+}
+
+/// Runs the installer with a termination log that exists (as Kubernetes
+/// makes it) and returns stdout, stderr and the termination log.
+fn fetch_all_outputs(args: &[&str], env: &[(&str, &str)]) -> (Value, String, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let tlog = dir.path().join("termination-log");
+    fs::write(&tlog, "").unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"));
+    for v in PROXY_VARS {
+        c.env_remove(v);
+    }
+    let out = c
+        .envs(env.iter().copied())
+        .arg("--termination-log")
+        .arg(&tlog)
+        .args(["fetch", "--cache-dir"])
+        .arg(dir.path().join("cache"))
+        .args(["--backoff-ms", "10", "--retries", "0"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    (doc, stdout, stderr, fs::read_to_string(&tlog).unwrap())
+}
+
+#[test]
+fn credentials_in_urls_appear_in_no_output() {
+    const SECRET: &str = "hunter2";
+    let server = Server::start(|_| Reply::Full(404, vec![], vec![]));
+    let sum = "a".repeat(64);
+    let with_creds = server
+        .url("/p.run")
+        .replace("http://", "http://user:hunter2@");
+    let mirror = server.url("/m/").replace("http://", "http://m:hunter2@");
+    let endpoint = server.url("").replace("http://", "http://u:hunter2@");
+    let env = [
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "AKIATEST"),
+        ("AWS_SECRET_ACCESS_KEY", SECRET),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let cases: [Vec<&str>; 3] = [
+        // The package URL and a mirror carry credentials; both fail.
+        vec![
+            "--url",
+            &with_creds,
+            "--mirror",
+            &mirror,
+            "--sha256",
+            &sum,
+            "--allow-http",
+        ],
+        // An s3:// cache URL with credentials in it, and a plain-http
+        // endpoint with user:password without --allow-http: refused.
+        vec![
+            "--url",
+            &with_creds,
+            "--sha256",
+            &sum,
+            "--cache-url",
+            "s3://AKIA:hunter2@bucket/p",
+        ],
+        // Allowed: the store is asked (and fails), its warnings recorded.
+        vec![
+            "--url",
+            &with_creds,
+            "--sha256",
+            &sum,
+            "--allow-http",
+            "--cache-url",
+            "s3://bucket/p",
+        ],
+    ];
+    for args in cases {
+        let (doc, stdout, stderr, tlog) = fetch_all_outputs(&args, &env);
+        assert_eq!(doc["status"]["phase"], "Failed", "{doc}");
+        for (what, text) in [
+            ("stdout", &stdout),
+            ("stderr", &stderr),
+            ("termination log", &tlog),
+        ] {
+            assert!(
+                !text.contains(SECRET),
+                "{args:?}: the secret is in {what}: {text}"
+            );
+        }
+        assert!(stdout.contains("***@"), "{args:?}: {stdout}");
+        assert!(!tlog.is_empty());
+    }
+}
+
+#[test]
+fn a_server_that_drips_forever_meets_the_download_deadline() {
+    // One byte every 200 ms: each read is quick, so only the deadline ends
+    // the download (before it, this took 50 s per attempt and retried).
+    let body = bytes(250, 21);
+    let sum = sha256_hex(&body);
+    let server = Server::start(move |_| Reply::Drip {
+        body: body.clone(),
+        every_ms: 200,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/p.run");
+    let started = std::time::Instant::now();
+    let r = fetch(
+        dir.path(),
+        &[
+            "--url",
+            &url,
+            "--sha256",
+            &sum,
+            "--allow-http",
+            "--download-timeout",
+            "2",
+        ],
+        &[],
+    );
+    assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("deadline of 2 s") && msg.contains("--download-timeout"),
+        "{msg}"
+    );
+    assert!(!dir.path().join(&sum).exists());
+}
+
+#[test]
+fn downloads_over_the_size_cap_are_refused_and_nothing_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    // Content-Length: 10^15 is refused before a byte is written.
+    let liar = Server::start(|_| Reply::Announce {
+        announce: 1_000_000_000_000_000,
+        body: vec![0; 1000],
+    });
+    let sum = "b".repeat(64);
+    let r = fetch(
+        dir.path(),
+        &[
+            "--url",
+            &liar.url("/p.run"),
+            "--sha256",
+            &sum,
+            "--allow-http",
+        ],
+        &[],
+    );
+    assert_eq!(r.doc["status"]["reason"], "UnsafeArchive", "{}", r.doc);
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(msg.contains("--max-download-size"), "{msg}");
+    assert_eq!(liar.count(), 1, "not retried");
+    assert_eq!(cache_files(dir.path()), Vec::<String>::new());
+
+    // A body that grows past the cap while streaming: stopped, and its
+    // partial file removed.
+    let body = bytes(3 << 20, 22);
+    let sum = sha256_hex(&body);
+    let big = Server::start(move |_| Reply::Ranged(body.clone()));
+    let r = fetch(
+        dir.path(),
+        &[
+            "--url",
+            &big.url("/p.run"),
+            "--sha256",
+            &sum,
+            "--allow-http",
+            "--max-download-size",
+            "2",
+        ],
+        &[],
+    );
+    assert_eq!(r.doc["status"]["reason"], "UnsafeArchive", "{}", r.doc);
+    assert_eq!(cache_files(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_fetch_that_fills_the_disk_leaves_no_partial_file() {
+    // The partial file is a link to /dev/full: every write gets ENOSPC from
+    // the kernel, as on a full filesystem.
+    let body = bytes(100_000, 23);
+    let sum = sha256_hex(&body);
+    let server = Server::start(move |_| Reply::Ranged(body.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let partial = dir.path().join(format!("{sum}.partial"));
+    std::os::unix::fs::symlink("/dev/full", &partial).unwrap();
+    let r = fetch(
+        dir.path(),
+        &[
+            "--url",
+            &server.url("/p.run"),
+            "--sha256",
+            &sum,
+            "--allow-http",
+        ],
+        &[],
+    );
+    assert_eq!(r.doc["status"]["reason"], "InsufficientDisk", "{}", r.doc);
+    assert!(
+        fs::symlink_metadata(&partial).is_err(),
+        "the partial file was left behind"
+    );
+    assert_eq!(cache_files(dir.path()), Vec::<String>::new());
 }

@@ -676,3 +676,76 @@ fn links_in_the_host_root_never_lead_a_write_outside_it() {
         "written outside the host root"
     );
 }
+
+#[test]
+fn a_manifest_field_cannot_lead_a_write_out_of_the_host_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let host = tmp.path().join("host");
+    fs::create_dir_all(&host).unwrap();
+    let art = tmp.path().join("artifact");
+    artifact(&art, RELEASE);
+    let outside = tmp.path().join("escaped");
+    let manifest = fs::read_to_string(art.join("manifest.json")).unwrap();
+    // From <host>/var/lib/gpu-driver/drivers/ up to tmp, then "escaped".
+    let evil = manifest.replace(
+        r#""driverVersion":"1.0""#,
+        r#""driverVersion":"../../../../../escaped""#,
+    );
+    assert_ne!(evil, manifest);
+    fs::write(art.join("manifest.json"), evil).unwrap();
+    let (code, doc) = run(&[
+        "--host-root",
+        host.to_str().unwrap(),
+        "--kernel-release",
+        RELEASE,
+        "install",
+        "--artifact",
+        art.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 14, "{doc}");
+    if !is_root() {
+        return;
+    }
+    assert_eq!(doc["status"]["reason"], "ArtifactInvalid", "{doc}");
+    assert!(
+        doc["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("driverVersion"),
+        "{doc}"
+    );
+    assert!(!outside.exists(), "written outside the host root");
+    let drivers = host.join("var/lib/gpu-driver/drivers");
+    let left: Vec<_> = fs::read_dir(&drivers)
+        .map(|d| d.collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn what_a_killed_install_left_is_removed_by_the_next_one() {
+    if !is_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let host = tmp.path().join("host");
+    let drivers = host.join("var/lib/gpu-driver/drivers");
+    // The extractor's temporary tree beside a staging directory, as a
+    // kill -9 during unpacking leaves it (167 MB for a real driver).
+    let left = drivers.join("..staging-4242.partial-Ab12Cd");
+    fs::create_dir_all(left.join("modules")).unwrap();
+    fs::write(left.join("modules/nvidia.ko"), vec![0u8; 1 << 20]).unwrap();
+    let art = tmp.path().join("artifact");
+    artifact(&art, RELEASE);
+    let (_, doc) = run(&[
+        "--host-root",
+        host.to_str().unwrap(),
+        "--kernel-release",
+        "6.12.117+deb13-cloud-amd64",
+        "install",
+        "--artifact",
+        art.to_str().unwrap(),
+    ]);
+    assert_eq!(doc["status"]["reason"], "VermagicMismatch", "{doc}");
+    assert!(!left.exists(), "the killed run's leftover is still there");
+}

@@ -118,7 +118,7 @@ pub fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(crate::redact::stderr)
         .with_target(false)
         .try_init();
     match execute(cli.command) {

@@ -290,7 +290,7 @@ pub fn failure_patch(
                 keys::FAILURES: failures.to_string(),
                 keys::FAILED_AT: now.to_string(),
                 keys::FAILURE_REASON: reason,
-                keys::FAILURE_MESSAGE: truncate(message, 1024),
+                keys::FAILURE_MESSAGE: truncate(&crate::redact::text(message), 1024),
             }
         }
     })
@@ -490,6 +490,9 @@ async fn handle_finished(
                 .to_string(),
         ),
     };
+    // The message goes into an Event and a node annotation: an installer
+    // of another version may not have masked its URLs.
+    let message = crate::redact::text(&message).into_owned();
     let attempts = decide::failures(&f, key) + 1;
     let wait = decide::backoff_seconds(
         attempts,
@@ -749,5 +752,23 @@ async fn status_loop(ctx: Arc<Context>) {
             }
         }
         ctx.metrics.set_all("gpu_driver_nodes", "phase", &phases);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_message_reaches_the_node_without_credentials() {
+        let msg = "every source failed: https://user:pass@mirror.example/NVIDIA.run: HTTP 404; \
+                   s3://AKIA:secret@bucket refused";
+        let patch = failure_patch("k", 1, "DownloadFailed", msg, Timestamp::UNIX_EPOCH);
+        let text = patch.to_string();
+        assert!(!text.contains("pass") && !text.contains("secret"), "{text}");
+        assert!(
+            text.contains("https://***@mirror.example/NVIDIA.run"),
+            "{text}"
+        );
     }
 }

@@ -56,6 +56,11 @@ pub enum Reply {
     Stall { body: Vec<u8>, secs: u64 },
     /// A 200 or 206 for `body`, honouring a `Range` request.
     Ranged(Vec<u8>),
+    /// Announce `announce` bytes (true or not), send `body`, then close.
+    Announce { announce: u64, body: Vec<u8> },
+    /// Send `body` one byte every `every_ms`, each well inside any read
+    /// timeout: only an overall deadline ends it.
+    Drip { body: Vec<u8>, every_ms: u64 },
 }
 
 pub type Handler = dyn Fn(&Request) -> Reply + Send + Sync;
@@ -242,6 +247,24 @@ fn respond(out: &mut impl Write, req: &Request, reply: Reply) -> bool {
             if head(out, 200, &[], body.len()) {
                 let _ = out.flush();
                 thread::sleep(Duration::from_secs(secs));
+            }
+            false
+        }
+        Reply::Announce { announce, body } => {
+            if head(out, 200, &[], announce as usize) {
+                let _ = out.write_all(&body);
+                let _ = out.flush();
+            }
+            false
+        }
+        Reply::Drip { body, every_ms } => {
+            if head(out, 200, &[], body.len()) {
+                for b in body {
+                    if out.write_all(&[b]).and_then(|()| out.flush()).is_err() {
+                        break;
+                    }
+                    thread::sleep(Duration::from_millis(every_ms));
+                }
             }
             false
         }
