@@ -407,30 +407,8 @@ pub fn fetch(opts: &FetchOptions) -> Result<Fetched, FetchError> {
         Reason::DownloadFailed,
     )?;
 
-    if final_path.exists() {
-        match crate::files::sha256_file(&final_path, Reason::DownloadFailed) {
-            Ok((got, size)) if got == sha => {
-                tracing::info!(
-                    "cache hit: {} ({size} bytes, sha256 verified)",
-                    final_path.display()
-                );
-                return Ok(Fetched {
-                    path: final_path,
-                    size,
-                    cache_hit: true,
-                    source_url: None,
-                    attempts: Vec::new(),
-                });
-            }
-            Ok((got, _)) => {
-                tracing::warn!(
-                    "cached {} has sha256 {got}, not {sha}; deleting it",
-                    final_path.display()
-                );
-                remove(&final_path)?;
-            }
-            Err(e) => return Err(e.into()),
-        }
+    if let Some(hit) = cached(&final_path, &sha)? {
+        return Ok(hit);
     }
     if opts.offline {
         return Err(Error::new(
@@ -503,28 +481,59 @@ pub fn fetch(opts: &FetchOptions) -> Result<Fetched, FetchError> {
     if let Some(error) = late {
         return Err(FetchError { error, attempts });
     }
-    let error = mismatch.unwrap_or_else(|| {
-        let detail: Vec<String> = attempts
-            .iter()
-            .map(|a| {
-                format!(
-                    "{}: {}",
-                    a.url,
-                    a.error.as_deref().unwrap_or("no error recorded")
-                )
-            })
-            .collect();
-        Error::new(
-            Reason::DownloadFailed,
-            format!(
-                "every source failed after {} attempt(s): {}",
-                attempts.len(),
-                detail.join("; ")
-            ),
-        )
-        .with_hint("check the network, HTTPS_PROXY/NO_PROXY, or add --mirror")
-    });
+    let error = mismatch.unwrap_or_else(|| every_source_failed(&attempts));
     Err(FetchError { error, attempts })
+}
+
+/// The cached file when it verifies; a cached file that does not is
+/// deleted.
+fn cached(final_path: &Path, sha: &str) -> Result<Option<Fetched>> {
+    if !final_path.exists() {
+        return Ok(None);
+    }
+    let (got, size) = crate::files::sha256_file(final_path, Reason::DownloadFailed)?;
+    if got != sha {
+        tracing::warn!(
+            "cached {} has sha256 {got}, not {sha}; deleting it",
+            final_path.display()
+        );
+        remove(final_path)?;
+        return Ok(None);
+    }
+    tracing::info!(
+        "cache hit: {} ({size} bytes, sha256 verified)",
+        final_path.display()
+    );
+    Ok(Some(Fetched {
+        path: final_path.to_path_buf(),
+        size,
+        cache_hit: true,
+        source_url: None,
+        attempts: Vec::new(),
+    }))
+}
+
+/// The error when no source delivered: each attempt's URL and error.
+fn every_source_failed(attempts: &[Attempt]) -> Error {
+    let detail: Vec<String> = attempts
+        .iter()
+        .map(|a| {
+            format!(
+                "{}: {}",
+                a.url,
+                a.error.as_deref().unwrap_or("no error recorded")
+            )
+        })
+        .collect();
+    Error::new(
+        Reason::DownloadFailed,
+        format!(
+            "every source failed after {} attempt(s): {}",
+            attempts.len(),
+            detail.join("; ")
+        ),
+    )
+    .with_hint("check the network, HTTPS_PROXY/NO_PROXY, or add --mirror")
 }
 
 /// One URL, with retries. Returns the verified size.

@@ -909,7 +909,6 @@ fn a_server_that_drips_forever_meets_the_download_deadline() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let started = std::time::Instant::now();
     let r = fetch(
         dir.path(),
         &[
