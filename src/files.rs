@@ -7,6 +7,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
@@ -83,19 +84,57 @@ pub fn remove_file_if_present(path: &Path, reason: Reason) -> Result<()> {
     }
 }
 
+/// The longest wait for a lock another process holds: longer than any
+/// holder should need (a download ends within its deadline, a compile in
+/// minutes); past it the holder is hung, and saying so beats waiting
+/// forever.
+pub const LOCK_WAIT: Duration = Duration::from_secs(3600);
+
+/// How often a waiter tries the lock again.
+const LOCK_POLL: Duration = Duration::from_millis(250);
+
 /// An exclusive flock on `file`, held until dropped. When another process
-/// holds it, says so on stderr (naming `path`) and waits.
+/// holds it, says so on stderr (naming `path`) and waits, at most
+/// [`LOCK_WAIT`].
 pub fn lock_file(file: File, path: &Path, reason: Reason) -> Result<Flock<File>> {
-    let locked = |r: std::result::Result<Flock<File>, (File, Errno)>| {
-        r.map_err(|(_, errno)| Error::new(reason, format!("locking {}: {errno}", path.display())))
-    };
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(lock),
-        Err((file, Errno::EWOULDBLOCK)) => {
-            tracing::info!("another process holds {}; waiting for it", path.display());
-            locked(Flock::lock(file, FlockArg::LockExclusive))
+    lock_file_within(file, path, reason, LOCK_WAIT)
+}
+
+/// [`lock_file`] with an explicit bound on the wait.
+pub fn lock_file_within(
+    file: File,
+    path: &Path,
+    reason: Reason,
+    wait: Duration,
+) -> Result<Flock<File>> {
+    let failed = |errno: Errno| Error::new(reason, format!("locking {}: {errno}", path.display()));
+    let start = Instant::now();
+    let mut file = file;
+    let mut told = false;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((f, Errno::EWOULDBLOCK)) => {
+                if start.elapsed() >= wait {
+                    return Err(Error::new(
+                        reason,
+                        format!(
+                            "{} has been held by another process for over {} s; giving up",
+                            path.display(),
+                            wait.as_secs()
+                        ),
+                    )
+                    .with_hint("another gpu-driver-installer is still running (or hung) on this node; find it with `fuser` on the lock file"));
+                }
+                if !told {
+                    tracing::info!("another process holds {}; waiting for it", path.display());
+                    told = true;
+                }
+                std::thread::sleep(LOCK_POLL.min(wait.saturating_sub(start.elapsed())));
+                file = f;
+            }
+            Err((_, errno)) => return Err(failed(errno)),
         }
-        Err(e) => locked(Err(e)),
     }
 }
 
@@ -191,5 +230,26 @@ mod tests {
         drop(first);
         rx.recv().unwrap();
         t.join().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_held_elsewhere_is_waited_for_within_a_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.lock");
+        let held = lock(&path, Reason::Internal).unwrap();
+        // Another open file description: flock conflicts as between
+        // processes.
+        let file = File::open(&path).unwrap();
+        let e = lock_file_within(file, &path, Reason::Internal, Duration::from_millis(300))
+            .unwrap_err();
+        assert!(e.message.contains("held by another process"), "{e}");
+        drop(held);
+        let file = File::open(&path).unwrap();
+        lock_file_within(file, &path, Reason::Internal, Duration::from_millis(300)).unwrap();
     }
 }
