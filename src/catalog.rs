@@ -3,22 +3,28 @@
 //! It is data (`catalog/catalog.toml`), embedded at build time and
 //! replaceable with `--catalog PATH`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::host::{KernelVersion, ModuleFlavor, is_driver_version};
+use crate::host::{CpuArch, KernelVersion, ModuleFlavor, is_driver_version};
 use crate::report::Reason;
 
 pub const EMBEDDED: &str = include_str!("../catalog/catalog.toml");
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: releases per branch, digests per CPU architecture, `{arch}` in URL
+/// templates, exclusions bounded by driver version and citing evidence.
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Catalog {
     pub schema_version: u32,
     pub default_branch: String,
+    /// The CPU architectures the catalog serves; every default release
+    /// needs a digest for each.
+    pub cpu_architectures: Vec<CpuArch>,
     #[serde(default)]
     pub mirrors: Vec<String>,
     pub url_templates: UrlTemplates,
@@ -74,16 +80,29 @@ pub enum Channel {
     Geforce,
 }
 
+/// One driver release. A branch lists several; its default is the newest
+/// with a digest for the node's CPU architecture.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DriverEntry {
     pub branch: String,
     pub version: String,
     pub channel: Channel,
+    /// Instead of the channel's template; may use `{version}` and `{arch}`.
     #[serde(default)]
     pub url: Option<String>,
+    /// The package's sha256 per CPU architecture.
     #[serde(default)]
-    pub sha256: Option<String>,
+    pub sha256: BTreeMap<CpuArch, String>,
+    /// Where the digests come from, citable (required with `sha256`).
+    #[serde(default)]
+    pub digest_source: Option<String>,
+}
+
+impl DriverEntry {
+    pub fn sha256_for(&self, arch: CpuArch) -> Option<&str> {
+        self.sha256.get(&arch).map(String::as_str)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -118,7 +137,11 @@ pub struct Architecture {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Exclusion {
+    /// A branch ("570") or a full version.
     pub driver: String,
+    /// With a branch: only its releases older than this one.
+    #[serde(default)]
+    pub driver_before: Option<String>,
     #[serde(default)]
     pub kernel_min: Option<String>,
     #[serde(default)]
@@ -126,6 +149,9 @@ pub struct Exclusion {
     #[serde(default)]
     pub flavor: Option<ModuleFlavor>,
     pub reason: String,
+    /// How the break is known: `measured: …` (by this project, where) or
+    /// `cited: …` (a source anyone can read).
+    pub evidence: String,
 }
 
 /// `"570.195.03"` → 570; `"580"` → 580.
@@ -187,13 +213,19 @@ impl Catalog {
                     d.version, d.branch
                 )));
             }
-            if let Some(sum) = &d.sha256 {
+            for (arch, sum) in &d.sha256 {
                 if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(bad(format!(
-                        "driver {}: sha256 is not 64 hex digits",
+                        "driver {} ({arch}): sha256 is not 64 hex digits",
                         d.version
                     )));
                 }
+            }
+            if !d.sha256.is_empty() && d.digest_source.as_deref().is_none_or(str::is_empty) {
+                return Err(bad(format!(
+                    "driver {}: sha256 without a digestSource saying where it comes from",
+                    d.version
+                )));
             }
         }
         let known_branch = |b: &str| self.drivers.iter().any(|d| d.branch == b);
@@ -226,6 +258,14 @@ impl Catalog {
                 .collect::<Result<_, _>>()?;
         }
         for x in &self.exclusions {
+            if let Some(before) = &x.driver_before {
+                if x.driver.contains('.') || !is_driver_version(before) {
+                    return Err(bad(format!(
+                        "exclusion for driver {}: driverBefore {before:?} needs a branch in driver and a version",
+                        x.driver
+                    )));
+                }
+            }
             for k in [&x.kernel_min, &x.kernel_max].into_iter().flatten() {
                 if KernelVersion::parse(k).is_none() {
                     return Err(bad(format!(
@@ -242,8 +282,23 @@ impl Catalog {
         self.os.iter().find(|o| o.id == id)
     }
 
-    pub fn driver_for_branch(&self, branch: &str) -> Option<&DriverEntry> {
-        self.drivers.iter().find(|d| d.branch == branch)
+    /// The branch's releases, newest first.
+    pub fn releases(&self, branch: &str) -> Vec<&DriverEntry> {
+        let mut v: Vec<&DriverEntry> = self.drivers.iter().filter(|d| d.branch == branch).collect();
+        v.sort_by_key(|d| std::cmp::Reverse(version_key(&d.version)));
+        v
+    }
+
+    /// What a branch installs by default on `arch`: its newest release with
+    /// a digest for it (a release without one stays out of the defaults),
+    /// else, for a catalog that has none, its newest release.
+    pub fn default_release(&self, branch: &str, arch: CpuArch) -> Option<&DriverEntry> {
+        let releases = self.releases(branch);
+        releases
+            .iter()
+            .find(|d| d.sha256_for(arch).is_some())
+            .or(releases.first())
+            .copied()
     }
 
     pub fn driver_for_version(&self, version: &str) -> Option<&DriverEntry> {
@@ -286,7 +341,10 @@ impl Catalog {
             let driver_hit = x.driver == driver_version
                 || (!x.driver.contains('.')
                     && branch_of(driver_version).map(|b| b.to_string()).as_deref()
-                        == Some(x.driver.as_str()));
+                        == Some(x.driver.as_str())
+                    && x.driver_before
+                        .as_deref()
+                        .is_none_or(|b| version_key(driver_version) < version_key(b)));
             let min_ok = x
                 .kernel_min
                 .as_deref()
@@ -302,12 +360,19 @@ impl Catalog {
         })
     }
 
-    pub fn url_for(&self, version: &str, channel: Channel) -> String {
-        let template = match channel {
-            Channel::Datacenter => &self.url_templates.datacenter,
-            Channel::Geforce => &self.url_templates.geforce,
-        };
-        template.replace("{version}", version)
+    /// The package URL of a release for `arch`: its own `url`, else its
+    /// channel's template.
+    pub fn url_for(&self, entry: Option<&DriverEntry>, version: &str, arch: CpuArch) -> String {
+        let channel = entry.map_or(Channel::Datacenter, |d| d.channel);
+        let template = entry
+            .and_then(|d| d.url.as_deref())
+            .unwrap_or(match channel {
+                Channel::Datacenter => &self.url_templates.datacenter,
+                Channel::Geforce => &self.url_templates.geforce,
+            });
+        template
+            .replace("{version}", version)
+            .replace("{arch}", arch.nvidia_name())
     }
 }
 
@@ -343,7 +408,10 @@ mod tests {
     #[test]
     fn embedded_catalog_is_valid() {
         let c = Catalog::embedded().unwrap();
-        assert!(c.driver_for_branch(&c.default_branch).is_some());
+        assert!(
+            c.default_release(&c.default_branch, CpuArch::X86_64)
+                .is_some()
+        );
         assert_eq!(c.architecture_of(0x1eb8).unwrap().name, "turing");
         assert_eq!(c.architecture_of(0x1db1).unwrap().name, "volta");
         assert_eq!(c.architecture_of(0x15f8).unwrap().name, "pascal");
@@ -392,7 +460,7 @@ mod tests {
     fn exclusions_match_branch_kernel_range_and_flavor() {
         let c = Catalog::parse(
             &format!(
-                "{EMBEDDED}\n[[exclusions]]\ndriver = \"535\"\nkernelMin = \"6.12\"\nflavor = \"open\"\nreason = \"kernel API\"\n"
+                "{EMBEDDED}\n[[exclusions]]\ndriver = \"535\"\nkernelMin = \"6.12\"\nflavor = \"open\"\nreason = \"kernel API\"\nevidence = \"measured: here\"\n"
             ),
             "test",
         )
@@ -411,18 +479,18 @@ mod tests {
     #[test]
     fn invalid_catalogs_are_refused_with_the_reason() {
         let cases = [
-            ("schemaVersion = 2", "schemaVersion 2"),
+            ("schemaVersion = 1", "schemaVersion 1"),
             ("nonsense", "catalog test"),
             ("defaultBranch = \"999\"", "defaultBranch 999"),
         ];
         for (patch, want) in cases {
             let text = EMBEDDED
                 .replace(
-                    "schemaVersion = 1",
+                    "schemaVersion = 2",
                     if patch.starts_with("schema") {
                         patch
                     } else {
-                        "schemaVersion = 1"
+                        "schemaVersion = 2"
                     },
                 )
                 .replace(
@@ -451,7 +519,7 @@ mod tests {
         );
         let bad_sum = EMBEDDED.replace(
             "version = \"580.95.05\"",
-            "version = \"580.95.05\"\nsha256 = \"abc\"",
+            "version = \"580.95.05\"\nsha256 = { x86_64 = \"abc\" }\ndigestSource = \"x\"",
         );
         assert!(
             Catalog::parse(&bad_sum, "t")

@@ -44,6 +44,10 @@ pub struct GlobalArgs {
     /// Kernel release to target instead of the running one.
     #[arg(long, global = true, value_name = "RELEASE")]
     pub kernel_release: Option<String>,
+    /// CPU architecture to target instead of the running one.
+    #[arg(long, global = true, value_name = "ARCH",
+        value_parser = ["x86_64", "amd64", "aarch64", "arm64"])]
+    pub arch: Option<String>,
     /// Write the result document here (atomically) instead of stdout.
     #[arg(long, global = true, value_name = "PATH")]
     pub output: Option<PathBuf>,
@@ -431,6 +435,7 @@ fn config(g: &GlobalArgs) -> Config {
     let mut cfg = Config::new(host_root(g));
     cfg.catalog = g.catalog.clone();
     cfg.kernel_release = g.kernel_release.clone();
+    cfg.arch = g.arch.as_deref().and_then(crate::host::CpuArch::parse);
     cfg
 }
 

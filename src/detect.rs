@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::host::{
-    self, HostRoot, HostRootSource, LoadedDriver, LoadedModule, OsInfo, PciRole, SecureBoot,
+    self, CpuArch, HostRoot, HostRootSource, LoadedDriver, LoadedModule, OsInfo, PciRole,
+    SecureBoot,
 };
 use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
 
@@ -19,6 +20,9 @@ pub struct DetectSpec {
     /// `--kernel-release`, when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_release_override: Option<String>,
+    /// `--arch`, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch_override: Option<CpuArch>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -55,6 +59,10 @@ pub struct HostStatus {
     pub os_supported: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_release: Option<String>,
+    /// The CPU architecture (`x86_64`, `aarch64`): NVIDIA ships a package
+    /// for each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<CpuArch>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
     #[serde(default)]
@@ -80,6 +88,7 @@ impl HostStatus {
             os: None,
             os_supported: None,
             kernel_release: None,
+            arch: None,
             boot_id: None,
             gpus: Vec::new(),
             nvswitches: Vec::new(),
@@ -102,6 +111,8 @@ pub struct DetectOptions<'a> {
     pub root: &'a HostRoot,
     pub catalog: &'a Catalog,
     pub kernel_release: Option<String>,
+    /// Target this CPU architecture instead of the running one.
+    pub arch: Option<CpuArch>,
 }
 
 /// Reads everything and decides the outcome: `NoGpu` (Skipped) when there is
@@ -113,6 +124,7 @@ pub fn detect(opts: &DetectOptions) -> HostReport {
         host_root: opts.root.path().display().to_string(),
         host_root_source: opts.root.source(),
         kernel_release_override: opts.kernel_release.clone(),
+        arch_override: opts.arch,
     };
     let mut status = HostStatus::new();
     status.outcome = match fill(&mut status, opts) {
@@ -137,6 +149,10 @@ fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
     st.kernel_release = Some(match &opts.kernel_release {
         Some(k) => k.clone(),
         None => host::read_kernel_release(root)?,
+    });
+    st.arch = Some(match opts.arch {
+        Some(a) => a,
+        None => CpuArch::running()?,
     });
     st.boot_id = host::read_boot_id(root)?;
     for dev in host::read_pci_devices(&host::pci_devices_dir(root))? {

@@ -639,6 +639,73 @@ pub fn is_driver_version(s: &str) -> bool {
             .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
+// ---------------------------------------------------------------- CPU architecture
+
+/// The node's CPU architecture, as the kernel reports it (`uname -m`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuArch {
+    #[serde(rename = "x86_64")]
+    X86_64,
+    Aarch64,
+}
+
+impl CpuArch {
+    /// `uname -m` and NVIDIA's file names: `x86_64`, `aarch64`.
+    pub fn nvidia_name(self) -> &'static str {
+        match self {
+            CpuArch::X86_64 => "x86_64",
+            CpuArch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// Debian's, Kubernetes' and OCI's name: `amd64`, `arm64`.
+    pub fn debian_name(self) -> &'static str {
+        match self {
+            CpuArch::X86_64 => "amd64",
+            CpuArch::Aarch64 => "arm64",
+        }
+    }
+
+    /// The kernel's `ARCH=` for kbuild.
+    pub fn kernel_arch(self) -> &'static str {
+        match self {
+            CpuArch::X86_64 => "x86",
+            CpuArch::Aarch64 => "arm64",
+        }
+    }
+
+    /// Either naming (`x86_64`/`amd64`, `aarch64`/`arm64`).
+    pub fn parse(s: &str) -> Option<CpuArch> {
+        match s.trim() {
+            "x86_64" | "amd64" => Some(CpuArch::X86_64),
+            "aarch64" | "arm64" => Some(CpuArch::Aarch64),
+            _ => None,
+        }
+    }
+
+    /// The architecture this process runs on (a Job runs on its node).
+    pub fn running() -> Result<CpuArch> {
+        let uts = nix::sys::utsname::uname()
+            .map_err(|e| Error::new(Reason::HostReadFailed, format!("uname(2) failed: {e}")))?;
+        let machine = uts.machine().to_string_lossy().into_owned();
+        CpuArch::parse(&machine).ok_or_else(|| {
+            Error::new(
+                Reason::UnsupportedOs,
+                format!("CPU architecture {machine:?} is not supported (x86_64 and aarch64 are)"),
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for CpuArch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.nvidia_name())
+    }
+}
+
 // ---------------------------------------------------------------- secure boot
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -4,10 +4,10 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{self, Architecture, Catalog, Channel};
+use crate::catalog::{self, Architecture, Catalog};
 use crate::detect::{self, DetectOptions, Gpu, HostReport};
 use crate::error::{Error, Result};
-use crate::host::{self, HostRoot, KernelVersion, ModuleFlavor};
+use crate::host::{self, CpuArch, HostRoot, KernelVersion, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
 
 /// `--flavor`
@@ -120,6 +120,12 @@ pub struct PlanStatus {
     pub headers: Option<Headers>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub package: Option<Package>,
+    /// The CPU architecture the package is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<CpuArch>,
+    /// What will likely go wrong later, and why (e.g. Secure Boot).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl PlanStatus {
@@ -137,6 +143,8 @@ impl PlanStatus {
             flavor_reason: None,
             headers: None,
             package: None,
+            arch: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -159,6 +167,7 @@ pub struct ResolveOptions<'a> {
     pub catalog: &'a Catalog,
     pub catalog_label: String,
     pub kernel_release: Option<String>,
+    pub arch: Option<CpuArch>,
     pub driver_version: Option<String>,
     pub flavor: FlavorChoice,
 }
@@ -168,6 +177,7 @@ pub fn resolve(opts: &ResolveOptions) -> InstallPlan {
         root: opts.root,
         catalog: opts.catalog,
         kernel_release: opts.kernel_release.clone(),
+        arch: opts.arch,
     });
     resolve_report(opts, &report)
 }
@@ -215,8 +225,15 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
         .with_hint("check --kernel-release or the host's /proc/sys/kernel/osrelease")
     })?;
 
+    let arch = match report.status.arch {
+        Some(a) => a,
+        None => CpuArch::running()?,
+    };
+    st.arch = Some(arch);
+    st.warnings.extend(secure_boot_warning(report));
+
     // 1. Driver version.
-    let (version, source) = choose_version(st, opts, &os.id, os.version.as_deref(), kernel)?;
+    let (version, source) = choose_version(st, opts, &os.id, os.version.as_deref(), kernel, arch)?;
     let branch = catalog::branch_of(&version)
         .ok_or_else(|| Error::new(Reason::Internal, format!("no branch in {version}")))?;
     st.driver_version = Some(version.clone());
@@ -249,7 +266,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     st.headers = Some(headers.clone());
 
     // 6. Package.
-    st.package = Some(package_for(cat, &version));
+    st.package = Some(package_for(cat, &version, arch));
 
     let headers_text = match headers.source {
         HeadersSource::Installed => {
@@ -277,36 +294,52 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     ))
 }
 
-/// `--driver-version`, else the catalog policy for this OS and kernel, else
-/// the default branch's release.
+/// `--driver-version` (a release, or a branch: its default release), else
+/// the catalog policy for this OS and kernel, else the default branch's
+/// release.
 fn choose_version(
     st: &mut PlanStatus,
     opts: &ResolveOptions,
     os_id: &str,
     os_version: Option<&str>,
     kernel: KernelVersion,
+    arch: CpuArch,
 ) -> Result<(String, VersionSource)> {
     let cat = opts.catalog;
     Ok(match &opts.driver_version {
+        Some(v) if host::is_driver_version(v) => (v.clone(), VersionSource::Flag),
+        Some(v) if is_branch(v) => (branch_version(cat, v, arch)?, VersionSource::Flag),
         Some(v) => {
-            if !host::is_driver_version(v) {
-                return Err(Error::new(
-                    Reason::InvalidArgument,
-                    format!("--driver-version {v:?} is not a driver version like 580.95.05"),
-                ));
-            }
-            (v.clone(), VersionSource::Flag)
+            return Err(Error::new(
+                Reason::InvalidArgument,
+                format!(
+                    "--driver-version {v:?} is neither a driver version like 580.126.09 nor a branch like 580"
+                ),
+            ));
         }
         None => match cat.policy_for(os_id, os_version, Some(kernel)) {
             Some(p) => {
                 st.policy = Some(p.name.clone());
-                (branch_version(cat, &p.branch)?, VersionSource::Policy)
+                (branch_version(cat, &p.branch, arch)?, VersionSource::Policy)
             }
             None => (
-                branch_version(cat, &cat.default_branch)?,
+                branch_version(cat, &cat.default_branch, arch)?,
                 VersionSource::Default,
             ),
         },
+    })
+}
+
+/// A branch as Helm values and users write it: `580`.
+fn is_branch(v: &str) -> bool {
+    !v.is_empty() && v.len() <= 4 && v.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// On a host with Secure Boot on, the kernel loads only modules signed by a
+/// key it trusts; the modules built here are not signed.
+fn secure_boot_warning(report: &HostReport) -> Option<String> {
+    (report.status.secure_boot == Some(host::SecureBoot::Enabled)).then(|| {
+        "Secure Boot is enabled: the kernel will refuse the unsigned modules built here, and install will fail with ModuleLoadFailed (\"Key was rejected by service\", EKEYREJECTED); sign them with a key enrolled in the machine's MOK list, or turn Secure Boot off".to_string()
     })
 }
 
@@ -351,14 +384,12 @@ fn check_gpus(archs: &[(&Gpu, Option<&Architecture>)], branch: u32) -> Result<()
     Ok(())
 }
 
-/// The version's package: the catalog's URL and sha256 where it lists
-/// them, else NVIDIA's URL for the channel.
-fn package_for(cat: &Catalog, version: &str) -> Package {
+/// The version's package for `arch`: the catalog's URL and sha256 where it
+/// lists them, else NVIDIA's URL for the channel.
+fn package_for(cat: &Catalog, version: &str, arch: CpuArch) -> Package {
     let entry = cat.driver_for_version(version);
-    let url = entry
-        .and_then(|d| d.url.clone())
-        .unwrap_or_else(|| cat.url_for(version, entry.map_or(Channel::Datacenter, |d| d.channel)));
-    let sha256 = entry.and_then(|d| d.sha256.clone());
+    let url = cat.url_for(entry, version, arch);
+    let sha256 = entry.and_then(|d| d.sha256_for(arch)).map(str::to_string);
     let file_name = url.rsplit('/').next().unwrap_or(&url).to_string();
     Package {
         url,
@@ -369,14 +400,26 @@ fn package_for(cat: &Catalog, version: &str) -> Package {
     }
 }
 
-fn branch_version(cat: &Catalog, branch: &str) -> Result<String> {
-    cat.driver_for_branch(branch)
+fn branch_version(cat: &Catalog, branch: &str, arch: CpuArch) -> Result<String> {
+    cat.default_release(branch, arch)
         .map(|d| d.version.clone())
         .ok_or_else(|| {
+            let listed: Vec<String> = cat
+                .drivers
+                .iter()
+                .map(|d| d.branch.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
             Error::new(
-                Reason::CatalogInvalid,
-                format!("catalog {} has no driver for branch {branch}", cat.origin),
+                Reason::InvalidArgument,
+                format!(
+                    "catalog {} has no release of driver branch {branch} (it lists {})",
+                    cat.origin,
+                    listed.join(", ")
+                ),
             )
+            .with_hint("name a listed branch, or an exact version with --driver-version")
         })
 }
 

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::fetch::{
     self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
 };
-use crate::host::{HostRoot, ModuleFlavor};
+use crate::host::{CpuArch, HostRoot, ModuleFlavor};
 use crate::install::{self, InstallOptions};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
@@ -43,6 +43,8 @@ pub struct Config {
     pub catalog: Option<PathBuf>,
     /// Target this kernel instead of the running one.
     pub kernel_release: Option<String>,
+    /// Target this CPU architecture instead of the running one.
+    pub arch: Option<CpuArch>,
     pub driver_version: Option<String>,
     pub flavor: FlavorChoice,
     pub download: Download,
@@ -90,6 +92,7 @@ impl Config {
             root,
             catalog: None,
             kernel_release: None,
+            arch: None,
             driver_version: None,
             flavor: FlavorChoice::Auto,
             download: Download::default(),
@@ -181,6 +184,7 @@ pub fn detect(cfg: &Config) -> HostReport {
                 host_root: cfg.root.path().display().to_string(),
                 host_root_source: cfg.root.source(),
                 kernel_release_override: cfg.kernel_release.clone(),
+                arch_override: cfg.arch,
             },
             Outcome::from_error(&e),
         ),
@@ -192,6 +196,7 @@ fn detect_with(cfg: &Config, catalog: &Catalog) -> HostReport {
         root: &cfg.root,
         catalog,
         kernel_release: cfg.kernel_release.clone(),
+        arch: cfg.arch,
     })
 }
 
@@ -223,6 +228,7 @@ fn resolve_with(cfg: &Config, catalog: &Catalog, report: &HostReport) -> Install
             catalog,
             catalog_label: cfg.catalog_label(),
             kernel_release: cfg.kernel_release.clone(),
+            arch: cfg.arch,
             driver_version: cfg.driver_version.clone(),
             flavor: cfg.flavor,
         },

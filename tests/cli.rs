@@ -367,7 +367,7 @@ fn catalog_exclusions_refuse_known_broken_pairs() {
     fs::write(
         &cat,
         format!(
-            "{embedded}\n[[exclusions]]\ndriver = \"550\"\nkernelMin = \"6.12\"\nreason = \"test: kernel API changed\"\n"
+            "{embedded}\n[[exclusions]]\ndriver = \"550\"\nkernelMin = \"6.12\"\nreason = \"test: kernel API changed\"\nevidence = \"measured: this test\"\n"
         ),
     )
     .unwrap();

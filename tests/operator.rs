@@ -539,6 +539,7 @@ fn host_report(fixture: &str) -> String {
         root: &root,
         catalog: &catalog,
         kernel_release: None,
+        arch: None,
     });
     gpu_driver::report::termination_message(gpu_driver::report::Kind::HostReport, &doc).unwrap()
 }

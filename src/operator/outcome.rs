@@ -259,6 +259,7 @@ mod tests {
             root: &root,
             catalog: &catalog,
             kernel_release: None,
+            arch: None,
         });
         let r = parse_message(&serde_json::to_string(&doc).unwrap()).unwrap();
         assert_eq!(r.reason, Reason::NoGpu);
