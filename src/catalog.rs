@@ -6,11 +6,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::host::{CpuArch, KernelVersion, ModuleFlavor, is_driver_version};
-use crate::report::Reason;
+use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
 
 pub const EMBEDDED: &str = include_str!("../catalog/catalog.toml");
 /// 2: releases per branch, digests per CPU architecture, `{arch}` in URL
@@ -373,6 +374,160 @@ impl Catalog {
         template
             .replace("{version}", version)
             .replace("{arch}", arch.nvidia_name())
+    }
+}
+
+/// Auto picks the open modules for Turing and newer from this branch on
+/// (NVIDIA's default since 560).
+pub const OPEN_BY_DEFAULT_FROM: u32 = 560;
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CatalogCheckSpec {
+    /// `embedded` or the `--catalog` path.
+    pub catalog: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CatalogCheckStatus {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// Every inconsistency found, one line each.
+    #[serde(default)]
+    pub problems: Vec<String>,
+}
+
+pub type CatalogCheck = Document<CatalogCheckSpec, CatalogCheckStatus>;
+
+impl ResultDocument for CatalogCheck {
+    fn outcome(&self) -> &Outcome {
+        &self.status.outcome
+    }
+}
+
+/// `catalog-check`: the catalog (already loaded, or the error loading it)
+/// checked, as a result document.
+pub fn check_document(label: String, catalog: Result<Catalog>) -> CatalogCheck {
+    let (outcome, problems) = match catalog {
+        Err(e) => (Outcome::from_error(&e), Vec::new()),
+        Ok(cat) => {
+            let problems = cat.check();
+            let outcome = if problems.is_empty() {
+                Outcome::new(
+                    Reason::CatalogChecked,
+                    format!(
+                        "{}: {} OS releases, {} driver releases, {} exclusions; every default resolves with a digest on {}",
+                        cat.origin,
+                        cat.os.iter().map(|o| o.releases.len()).sum::<usize>(),
+                        cat.drivers.len(),
+                        cat.exclusions.len(),
+                        cat.cpu_architectures
+                            .iter()
+                            .map(|a| a.nvidia_name())
+                            .collect::<Vec<_>>()
+                            .join(" and ")
+                    ),
+                )
+            } else {
+                Outcome::new(
+                    Reason::CatalogInvalid,
+                    format!(
+                        "{}: {} problem(s): {}",
+                        cat.origin,
+                        problems.len(),
+                        problems.join("; ")
+                    ),
+                )
+            };
+            (outcome, problems)
+        }
+    };
+    Document::new(
+        Kind::CatalogCheck,
+        CatalogCheckSpec { catalog: label },
+        CatalogCheckStatus { outcome, problems },
+    )
+}
+
+impl Catalog {
+    /// Consistency beyond what parsing checks, for `catalog-check` and the
+    /// tests: every OS release and kernel series it lists resolves, on every
+    /// CPU architecture, to a default release that has a digest and is not
+    /// excluded there; every exclusion says how the break is known.
+    pub fn check(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for os in &self.os {
+            for rel in &os.releases {
+                for series in &rel.kernel_series {
+                    for &arch in &self.cpu_architectures {
+                        self.check_default(os, rel, series, arch, &mut problems);
+                    }
+                }
+            }
+        }
+        for x in &self.exclusions {
+            let e = x.evidence.trim();
+            let known = ["measured:", "cited:"].iter().any(|p| {
+                e.strip_prefix(p)
+                    .is_some_and(|rest| !rest.trim().is_empty())
+            });
+            if !known {
+                problems.push(format!(
+                    "exclusion for driver {} ({}): evidence must be \"measured: <where>\" or \"cited: <source>\", not {e:?}",
+                    x.driver, x.reason
+                ));
+            }
+        }
+        problems.sort();
+        problems.dedup();
+        problems
+    }
+
+    fn check_default(
+        &self,
+        os: &OsEntry,
+        rel: &OsRelease,
+        series: &str,
+        arch: CpuArch,
+        problems: &mut Vec<String>,
+    ) {
+        let at = format!("{} {} on kernel {series} ({arch})", os.name, rel.version);
+        // The series' first and a late patch release: exclusions often
+        // start with a stable backport.
+        let kernels: Vec<KernelVersion> = ["0", "255"]
+            .iter()
+            .filter_map(|p| KernelVersion::parse(&format!("{series}.{p}")))
+            .collect();
+        if kernels.is_empty() {
+            problems.push(format!("{at}: {series:?} is not a kernel series like 6.12"));
+            return;
+        }
+        let branch = self
+            .policy_for(&os.id, Some(&rel.version), kernels.first().copied())
+            .map_or(self.default_branch.as_str(), |p| p.branch.as_str());
+        let Some(release) = self.default_release(branch, arch) else {
+            problems.push(format!("{at}: branch {branch} has no release"));
+            return;
+        };
+        if release.sha256_for(arch).is_none() {
+            problems.push(format!(
+                "{at}: default release {} has no {arch} digest",
+                release.version
+            ));
+        }
+        let flavor = match branch_of(&release.version) {
+            Some(b) if b >= OPEN_BY_DEFAULT_FROM => ModuleFlavor::Open,
+            _ => ModuleFlavor::Proprietary,
+        };
+        for k in kernels {
+            if let Some(x) = self.exclusion_for(&release.version, k, Some(flavor)) {
+                problems.push(format!(
+                    "{at}: default release {} ({flavor}) is excluded on {k}: {}",
+                    release.version, x.reason
+                ));
+            }
+        }
     }
 }
 

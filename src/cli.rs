@@ -98,6 +98,10 @@ pub enum Command {
     Run(RunArgs),
     /// Print the JSON Schema of every result document.
     Schema,
+    /// Check the catalog (embedded, or --catalog): every OS release and
+    /// kernel series resolves to a digest-pinned default that no exclusion
+    /// forbids; every exclusion cites its evidence.
+    CatalogCheck,
     /// Copy this binary to PATH (mode 0755) and print PATH: the init
     /// container of an operator Job uses it to hand the installer from the
     /// scratch installer image to the builder image (no `cp` in scratch).
@@ -376,6 +380,11 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         Command::Schema => {
             emit_raw(g, &crate::schema::results_schema_json()?)?;
             Ok(0)
+        }
+        Command::CatalogCheck => {
+            let cfg = config(g);
+            let doc = crate::catalog::check_document(cfg.catalog_label(), cfg.load_catalog());
+            deliver(g, Kind::CatalogCheck, &doc)
         }
         Command::CopySelf { dest } => {
             crate::files::copy_self(dest)?;

@@ -150,6 +150,9 @@ pub enum Reason {
     DriverInUse,
     /// `verify`: nvidia-smi sees every GPU with the expected driver version.
     Verified,
+    /// `catalog-check`: the catalog is consistent (every listed OS release
+    /// resolves to a digest-pinned, not excluded default).
+    CatalogChecked,
     /// `verify`: nvidia-smi is missing, failed, or disagrees with detect.
     VerifyFailed,
     /// A bug: something that should not happen did.
@@ -211,6 +214,7 @@ impl Reason {
         Reason::ModuleUnloadFailed,
         Reason::DriverInUse,
         Reason::Verified,
+        Reason::CatalogChecked,
         Reason::VerifyFailed,
         Reason::Internal,
     ];
@@ -224,7 +228,8 @@ impl Reason {
             | Reason::Installed
             | Reason::AlreadyInstalled
             | Reason::Uninstalled
-            | Reason::Verified => ReasonClass::Success,
+            | Reason::Verified
+            | Reason::CatalogChecked => ReasonClass::Success,
             Reason::NoGpu => ReasonClass::Skip,
             Reason::Internal => ReasonClass::Internal,
             Reason::InvalidArgument | Reason::CatalogInvalid => ReasonClass::Usage,
@@ -308,6 +313,7 @@ impl Reason {
             Reason::ModuleUnloadFailed => "ModuleUnloadFailed",
             Reason::DriverInUse => "DriverInUse",
             Reason::Verified => "Verified",
+            Reason::CatalogChecked => "CatalogChecked",
             Reason::VerifyFailed => "VerifyFailed",
             Reason::Internal => "Internal",
         }

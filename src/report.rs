@@ -51,6 +51,7 @@ pub enum Kind {
     InstallResult,
     VerifyResult,
     RunResult,
+    CatalogCheck,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -23,7 +23,7 @@ pub enum FlavorChoice {
 }
 
 /// Auto picks the open modules from this branch on (NVIDIA's default since 560).
-pub const OPEN_DEFAULT_FROM_BRANCH: u32 = 560;
+pub const OPEN_DEFAULT_FROM_BRANCH: u32 = catalog::OPEN_BY_DEFAULT_FROM;
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

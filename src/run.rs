@@ -106,13 +106,13 @@ impl Config {
         }
     }
 
-    fn catalog_label(&self) -> String {
+    pub fn catalog_label(&self) -> String {
         self.catalog
             .as_ref()
             .map_or("embedded".into(), |p| p.display().to_string())
     }
 
-    fn load_catalog(&self) -> Result<Catalog> {
+    pub fn load_catalog(&self) -> Result<Catalog> {
         match &self.catalog {
             Some(p) => Catalog::load(p),
             None => Catalog::embedded(),

@@ -5,6 +5,7 @@
 use schemars::JsonSchema;
 
 use crate::build::BuildResult;
+use crate::catalog::CatalogCheck;
 use crate::detect::HostReport;
 use crate::error::{Error, Result};
 use crate::fetch::FetchResult;
@@ -26,6 +27,7 @@ enum AnyResult {
     InstallResult(InstallResult),
     VerifyResult(VerifyResult),
     RunResult(RunResult),
+    CatalogCheck(CatalogCheck),
 }
 
 pub const COMMITTED_PATH: &str = "schema/results.v1alpha1.json";
