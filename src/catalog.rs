@@ -39,6 +39,8 @@ pub struct Catalog {
     pub architectures: Vec<Architecture>,
     #[serde(default)]
     pub exclusions: Vec<Exclusion>,
+    #[serde(default)]
+    pub flavor_rules: Vec<FlavorRule>,
     /// Where it came from, for messages.
     #[serde(skip)]
     pub origin: String,
@@ -155,6 +157,41 @@ pub struct Exclusion {
     pub evidence: String,
 }
 
+/// Kernels of an OS on which only one module flavor works.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FlavorRule {
+    pub os: String,
+    #[serde(default)]
+    pub kernel_min: Option<String>,
+    #[serde(default)]
+    pub kernel_max: Option<String>,
+    /// The flavor that works there.
+    pub flavor: ModuleFlavor,
+    pub reason: String,
+    /// As for exclusions: `measured: …` or `cited: …`.
+    pub evidence: String,
+}
+
+/// Whether `kernel` lies in `[min, max)`; an absent bound is open.
+fn in_kernel_range(kernel: KernelVersion, min: Option<&str>, max: Option<&str>) -> bool {
+    min.and_then(KernelVersion::parse)
+        .is_none_or(|m| kernel >= m)
+        && max
+            .and_then(KernelVersion::parse)
+            .is_none_or(|m| kernel < m)
+}
+
+/// Evidence must say how a fact is known.
+fn evidence_ok(evidence: &str) -> bool {
+    ["measured:", "cited:"].iter().any(|p| {
+        evidence
+            .trim()
+            .strip_prefix(p)
+            .is_some_and(|rest| !rest.trim().is_empty())
+    })
+}
+
 /// `"570.195.03"` → 570; `"580"` → 580.
 pub fn branch_of(version: &str) -> Option<u32> {
     version.split('.').next()?.parse().ok()
@@ -258,6 +295,16 @@ impl Catalog {
                 })
                 .collect::<Result<_, _>>()?;
         }
+        for r in &self.flavor_rules {
+            for k in [&r.kernel_min, &r.kernel_max].into_iter().flatten() {
+                if KernelVersion::parse(k).is_none() {
+                    return Err(bad(format!(
+                        "flavor rule for {}: bad kernel version {k:?}",
+                        r.os
+                    )));
+                }
+            }
+        }
         for x in &self.exclusions {
             if let Some(before) = &x.driver_before {
                 if x.driver.contains('.') || !is_driver_version(before) {
@@ -346,18 +393,18 @@ impl Catalog {
                     && x.driver_before
                         .as_deref()
                         .is_none_or(|b| version_key(driver_version) < version_key(b)));
-            let min_ok = x
-                .kernel_min
-                .as_deref()
-                .and_then(KernelVersion::parse)
-                .is_none_or(|m| kernel >= m);
-            let max_ok = x
-                .kernel_max
-                .as_deref()
-                .and_then(KernelVersion::parse)
-                .is_none_or(|m| kernel < m);
+            let kernel_hit =
+                in_kernel_range(kernel, x.kernel_min.as_deref(), x.kernel_max.as_deref());
             let flavor_ok = x.flavor.is_none() || x.flavor == flavor;
-            driver_hit && min_ok && max_ok && flavor_ok
+            driver_hit && kernel_hit && flavor_ok
+        })
+    }
+
+    /// The rule that fixes the module flavor for this OS and kernel, if any.
+    pub fn flavor_rule_for(&self, os_id: &str, kernel: KernelVersion) -> Option<&FlavorRule> {
+        self.flavor_rules.iter().find(|r| {
+            r.os == os_id
+                && in_kernel_range(kernel, r.kernel_min.as_deref(), r.kernel_max.as_deref())
         })
     }
 
@@ -467,15 +514,18 @@ impl Catalog {
             }
         }
         for x in &self.exclusions {
-            let e = x.evidence.trim();
-            let known = ["measured:", "cited:"].iter().any(|p| {
-                e.strip_prefix(p)
-                    .is_some_and(|rest| !rest.trim().is_empty())
-            });
-            if !known {
+            if !evidence_ok(&x.evidence) {
                 problems.push(format!(
-                    "exclusion for driver {} ({}): evidence must be \"measured: <where>\" or \"cited: <source>\", not {e:?}",
-                    x.driver, x.reason
+                    "exclusion for driver {} ({}): evidence must be \"measured: <where>\" or \"cited: <source>\", not {:?}",
+                    x.driver, x.reason, x.evidence
+                ));
+            }
+        }
+        for r in &self.flavor_rules {
+            if !evidence_ok(&r.evidence) {
+                problems.push(format!(
+                    "flavor rule for {} ({}): evidence must be \"measured: <where>\" or \"cited: <source>\", not {:?}",
+                    r.os, r.reason, r.evidence
                 ));
             }
         }
@@ -516,11 +566,12 @@ impl Catalog {
                 release.version
             ));
         }
-        let flavor = match branch_of(&release.version) {
-            Some(b) if b >= OPEN_BY_DEFAULT_FROM => ModuleFlavor::Open,
-            _ => ModuleFlavor::Proprietary,
-        };
         for k in kernels {
+            let flavor = match (self.flavor_rule_for(&os.id, k), branch_of(&release.version)) {
+                (Some(rule), _) => rule.flavor,
+                (None, Some(b)) if b >= OPEN_BY_DEFAULT_FROM => ModuleFlavor::Open,
+                (None, _) => ModuleFlavor::Proprietary,
+            };
             if let Some(x) = self.exclusion_for(&release.version, k, Some(flavor)) {
                 problems.push(format!(
                     "{at}: default release {} ({flavor}) is excluded on {k}: {}",

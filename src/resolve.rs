@@ -244,8 +244,11 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     let archs = gpu_architectures(cat, report);
     check_gpus(&archs, branch)?;
 
-    // 3. Module flavor.
-    let (flavor, why) = choose_flavor(opts.flavor, branch, &archs)?;
+    // 3. Module flavor (a kernel may allow only one).
+    let (flavor, why) = match cat.flavor_rule_for(&os.id, kernel) {
+        Some(rule) => flavor_by_rule(rule, opts.flavor, branch, &archs, &release)?,
+        None => choose_flavor(opts.flavor, branch, &archs)?,
+    };
     st.module_flavor = Some(flavor);
     st.flavor_reason = Some(why);
 
@@ -493,6 +496,45 @@ pub fn choose_flavor(
             format!("branch {branch} predates open-by-default ({OPEN_DEFAULT_FROM_BRANCH})"),
         )),
     }
+}
+
+/// On a kernel where only `rule.flavor` works: auto takes it, the other
+/// flavor is refused with the rule's reason, and so are GPUs that cannot
+/// use it.
+fn flavor_by_rule(
+    rule: &catalog::FlavorRule,
+    choice: FlavorChoice,
+    branch: u32,
+    archs: &[(&Gpu, Option<&Architecture>)],
+    release: &str,
+) -> Result<(ModuleFlavor, String)> {
+    let only = match rule.flavor {
+        ModuleFlavor::Open => FlavorChoice::Open,
+        ModuleFlavor::Proprietary => FlavorChoice::Proprietary,
+    };
+    let refused = |what: String| {
+        Error::new(
+            Reason::FlavorNotSupported,
+            format!(
+                "{what}, but only the {} modules work on kernel {release}: {}",
+                rule.flavor, rule.reason
+            ),
+        )
+    };
+    if choice != FlavorChoice::Auto && choice != only {
+        return Err(
+            refused(format!("{choice:?} modules were asked for").to_lowercase())
+                .with_hint("use --flavor auto, or a kernel where both flavors work"),
+        );
+    }
+    let (flavor, _) = choose_flavor(only, branch, archs).map_err(|e| refused(e.message))?;
+    Ok((
+        flavor,
+        format!(
+            "only the {flavor} modules work on kernel {release}: {}",
+            rule.reason
+        ),
+    ))
 }
 
 fn describe(g: &Gpu, a: Option<&Architecture>) -> String {

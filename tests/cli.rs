@@ -77,7 +77,7 @@ fn all_fixtures() -> Vec<(String, Value)> {
 #[test]
 fn detect_matches_every_fixture() {
     for (name, want) in all_fixtures() {
-        let r = run_on(&name, &["detect"]);
+        let r = run_on(&name, &with_arch(&want, &["detect"]));
         let d = &r.doc;
         let s = &d["status"];
         assert_eq!(
@@ -104,6 +104,9 @@ fn detect_matches_every_fixture() {
             "{name}"
         );
         assert_eq!(s["secureBoot"], want["secureBoot"], "{name}");
+        if let Some(arch) = want.get("arch") {
+            assert_eq!(&s["arch"], arch, "{name}");
+        }
         let loaded = s["loadedDriver"]["version"].clone();
         assert_eq!(loaded, want["loadedDriverVersion"], "{name}");
         let gpus: Vec<(Value, Value, Value)> = s["gpus"]
@@ -136,9 +139,10 @@ fn detect_matches_every_fixture() {
 
 #[test]
 fn resolve_matches_every_fixture() {
-    for (name, want) in all_fixtures() {
-        let want = &want["resolve"];
-        let r = run_on(&name, &["resolve"]);
+    let catalog = gpu_driver::catalog::Catalog::embedded().unwrap();
+    for (name, fixture) in all_fixtures() {
+        let want = &fixture["resolve"];
+        let r = run_on(&name, &with_arch(&fixture, &["resolve"]));
         let s = &r.doc["status"];
         assert_eq!(r.doc["kind"], "InstallPlan", "{name}");
         assert_eq!(s["phase"], want["phase"], "{name}: {s}");
@@ -160,21 +164,35 @@ fn resolve_matches_every_fixture() {
             assert_eq!(&s["headers"][k], v, "{name}: headers.{k}");
         }
         assert_eq!(s["headers"]["kernelRelease"], s["kernelRelease"], "{name}");
+        assert_eq!(s["package"]["url"], want["packageUrl"], "{name}");
+        // Every default release carries its digest for the node's CPU.
         let version = s["driverVersion"].as_str().unwrap();
+        let arch = fixture["arch"].as_str().unwrap_or("x86_64");
+        let arch = gpu_driver::host::CpuArch::parse(arch).unwrap();
+        let digest = catalog
+            .driver_for_version(version)
+            .and_then(|d| d.sha256_for(arch))
+            .unwrap_or_else(|| panic!("{name}: no {arch} digest for {version}"));
+        assert_eq!(s["package"]["checksumKnown"], true, "{name}");
+        assert_eq!(s["package"]["sha256"], digest, "{name}");
+        assert_eq!(s["arch"], arch.nvidia_name(), "{name}");
         assert_eq!(
-            s["package"]["url"],
-            format!(
-                "https://us.download.nvidia.com/tesla/{version}/NVIDIA-Linux-x86_64-{version}.run"
-            ),
-            "{name}"
-        );
-        // The embedded catalog knows no .run checksums; the plan must say so.
-        assert_eq!(s["package"]["checksumKnown"], false, "{name}");
-        assert!(
-            s["message"].as_str().unwrap().contains("no checksum known"),
-            "{name}"
+            s["warnings"].as_array().map_or(0, Vec::len),
+            want["warnings"].as_u64().unwrap_or(0) as usize,
+            "{name}: {s}"
         );
     }
+}
+
+/// `args` preceded by `--arch` when the fixture names one (a fixture cannot
+/// carry `uname -m`).
+fn with_arch<'a>(fixture: &'a Value, args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = Vec::new();
+    if let Some(arch) = fixture["arch"].as_str() {
+        v.extend(["--arch", arch]);
+    }
+    v.extend_from_slice(args);
+    v
 }
 
 #[test]
@@ -187,10 +205,11 @@ fn driver_version_flag_wins_and_is_validated() {
     assert_eq!(r.code, 0);
     assert_eq!(s["driverVersion"], "590.48.01");
     assert_eq!(s["driverVersionSource"], "flag");
-    assert_eq!(s["moduleFlavor"], "open");
+    // 6.6.63 on Garden Linux: only the proprietary modules work there.
+    assert_eq!(s["moduleFlavor"], "proprietary");
     assert_eq!(
         s["package"]["url"],
-        "https://us.download.nvidia.com/tesla/590.48.01/NVIDIA-Linux-x86_64-590.48.01.run"
+        "https://download.nvidia.com/XFree86/Linux-x86_64/590.48.01/NVIDIA-Linux-x86_64-590.48.01.run"
     );
 
     let r = run_on(
@@ -232,14 +251,14 @@ fn open_modules_are_refused_for_pre_turing_gpus() {
 
 #[test]
 fn auto_flavor_follows_branch_and_architecture() {
-    // Turing with a pre-560 branch: proprietary; with 580: open.
+    // Hopper with a pre-560 branch: proprietary; with 580: open.
     let r = run_on(
-        "gardenlinux-1592-t4",
+        "gardenlinux-2150-h100",
         &["resolve", "--driver-version", "550.163.01"],
     );
     assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
     let r = run_on(
-        "gardenlinux-1592-t4",
+        "gardenlinux-2150-h100",
         &["resolve", "--driver-version", "580.95.05"],
     );
     assert_eq!(r.doc["status"]["moduleFlavor"], "open");
@@ -275,13 +294,14 @@ fn synthetic_root(dir: &Path, devices: &[u16]) {
     fs::create_dir_all(dir.join("etc")).unwrap();
     fs::write(
         dir.join("etc/os-release"),
-        "ID=gardenlinux\nGARDENLINUX_VERSION=1877.3\n",
+        // 1877.8: past 6.12.56, where the open modules work again.
+        "ID=gardenlinux\nGARDENLINUX_VERSION=1877.8\n",
     )
     .unwrap();
     fs::create_dir_all(dir.join("proc/sys/kernel/random")).unwrap();
     fs::write(
         dir.join("proc/sys/kernel/osrelease"),
-        "6.12.44-cloud-amd64\n",
+        "6.12.57-cloud-amd64\n",
     )
     .unwrap();
     fs::write(
@@ -469,20 +489,20 @@ fn headers_behind_the_absolute_build_link_are_found() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     synthetic_root(root, &[0x1eb8]);
-    let rel = "6.12.44-cloud-amd64";
-    let real = root.join("usr/src/linux-headers-6.12.44-common");
+    let rel = "6.12.57-cloud-amd64";
+    let real = root.join("usr/src/linux-headers-6.12.57-common");
     fs::create_dir_all(&real).unwrap();
     fs::write(real.join("Makefile"), "# kbuild\n").unwrap();
     fs::create_dir_all(root.join(format!("lib/modules/{rel}"))).unwrap();
     std::os::unix::fs::symlink(
-        "/usr/src/linux-headers-6.12.44-common",
+        "/usr/src/linux-headers-6.12.57-common",
         root.join(format!("lib/modules/{rel}/build")),
     )
     .unwrap();
     let r = run(&["--host-root", root.to_str().unwrap(), "resolve"]);
     let h = &r.doc["status"]["headers"];
     assert_eq!(h["source"], "installed", "{}", r.doc);
-    assert_eq!(h["path"], "/usr/src/linux-headers-6.12.44-common");
+    assert_eq!(h["path"], "/usr/src/linux-headers-6.12.57-common");
 }
 
 #[test]
@@ -683,5 +703,205 @@ fn the_package_cache_stays_inside_a_host_root_whose_var_cache_is_a_link() {
     assert!(
         inside.is_dir(),
         "the package cache was not made inside the root"
+    );
+}
+
+fn catalog() -> gpu_driver::catalog::Catalog {
+    gpu_driver::catalog::Catalog::embedded().unwrap()
+}
+
+#[test]
+fn a_branch_resolves_to_its_newest_release_with_a_digest() {
+    let cat = catalog();
+    let x86 = gpu_driver::host::CpuArch::X86_64;
+    for branch in ["535", "570", "580", "590"] {
+        let want = cat.default_release(branch, x86).unwrap().version.clone();
+        let r = run_on(
+            "gardenlinux-2150-h100",
+            &["resolve", "--driver-version", branch],
+        );
+        let s = &r.doc["status"];
+        assert_eq!(s["driverVersion"], want.as_str(), "{branch}: {s}");
+        assert_eq!(s["driverVersionSource"], "flag");
+        assert_eq!(s["package"]["checksumKnown"], true);
+    }
+    assert_eq!(
+        cat.default_release("580", x86).unwrap().version,
+        "580.178.04"
+    );
+    // A branch the catalog does not list: the message names those it does.
+    let r = run_on(
+        "gardenlinux-2150-h100",
+        &["resolve", "--driver-version", "999"],
+    );
+    assert_eq!(r.code, 4);
+    assert_eq!(r.doc["status"]["reason"], "InvalidArgument");
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(msg.contains("branch 999") && msg.contains("580"), "{msg}");
+}
+
+#[test]
+fn garden_linux_2150_8_refuses_the_drivers_that_cannot_compile_on_6_18_41() {
+    // The default (580 newest) builds on 6.18.41.
+    let r = run_on("gardenlinux-2150.8-l40s", &["resolve"]);
+    assert_eq!(r.code, 0, "{}", r.doc);
+    assert_eq!(r.doc["status"]["moduleFlavor"], "open");
+    // 570 (any release) and 580 before 580.126.09 call pci_resize_resource
+    // with 3 arguments.
+    for v in ["570", "570.211.01", "580.95.05", "535.309.01"] {
+        let r = run_on(
+            "gardenlinux-2150.8-l40s",
+            &["resolve", "--driver-version", v, "--flavor", "open"],
+        );
+        assert_eq!(
+            r.doc["status"]["reason"], "IncompatibleKernel",
+            "{v}: {}",
+            r.doc
+        );
+        let msg = r.doc["status"]["message"].as_str().unwrap();
+        assert!(msg.contains("pci_resize_resource"), "{msg}");
+    }
+    // 580.126.09 is the first 580 that builds there.
+    let r = run_on(
+        "gardenlinux-2150.8-l40s",
+        &["resolve", "--driver-version", "580.126.09"],
+    );
+    assert_eq!(r.code, 0, "{}", r.doc);
+    // The same 570 on 2150.0.0 (kernel 6.18.2) is fine.
+    let r = run_on(
+        "gardenlinux-2150-h100",
+        &["resolve", "--driver-version", "570"],
+    );
+    assert_eq!(r.code, 0, "{}", r.doc);
+}
+
+#[test]
+fn old_garden_linux_kernels_take_the_proprietary_modules_with_the_reason() {
+    for name in [
+        "gardenlinux-1592-t4",
+        "gardenlinux-1760-a10g",
+        "gardenlinux-1877-l4",
+    ] {
+        let r = run_on(name, &["resolve"]);
+        let s = &r.doc["status"];
+        assert_eq!(s["moduleFlavor"], "proprietary", "{name}: {s}");
+        let why = s["flavorReason"].as_str().unwrap();
+        assert!(why.contains("signed firmware"), "{name}: {why}");
+        // Asking for the open modules there is refused, with the reason.
+        let r = run_on(name, &["resolve", "--flavor", "open"]);
+        assert_eq!(r.doc["status"]["reason"], "FlavorNotSupported", "{name}");
+        let msg = r.doc["status"]["message"].as_str().unwrap();
+        assert!(msg.contains("GSP firmware"), "{name}: {msg}");
+    }
+    // From 1877.6 (6.12.56) and on other OSes, auto picks open again.
+    let r = run_on(
+        "gardenlinux-1877-arm64-t4g",
+        &["--arch", "arm64", "resolve"],
+    );
+    assert_eq!(r.doc["status"]["moduleFlavor"], "open", "{}", r.doc);
+    let r = run_on(
+        "debian-13-hgx-a100",
+        &["resolve", "--driver-version", "580"],
+    );
+    assert_eq!(r.doc["status"]["moduleFlavor"], "open", "{}", r.doc);
+}
+
+#[test]
+fn secure_boot_on_is_a_warning_in_the_plan() {
+    let r = run_on("gardenlinux-1877-l4", &["resolve"]);
+    assert_eq!(r.code, 0);
+    let warnings = r.doc["status"]["warnings"].as_array().unwrap();
+    assert!(
+        warnings.iter().any(|w| {
+            let w = w.as_str().unwrap();
+            w.contains("Secure Boot") && w.contains("ModuleLoadFailed")
+        }),
+        "{warnings:?}"
+    );
+    let r = run_on("gardenlinux-2150-h100", &["resolve"]);
+    assert!(r.doc["status"].get("warnings").is_none());
+}
+
+#[test]
+fn arm64_nodes_get_the_aarch64_package_and_its_digest() {
+    let r = run_on(
+        "gardenlinux-1877-arm64-t4g",
+        &["--arch", "arm64", "resolve"],
+    );
+    let s = &r.doc["status"];
+    assert_eq!(r.code, 0, "{s}");
+    assert_eq!(s["arch"], "aarch64");
+    let url = s["package"]["url"].as_str().unwrap();
+    assert!(url.contains("NVIDIA-Linux-aarch64-"), "{url}");
+    let want = catalog()
+        .driver_for_version(s["driverVersion"].as_str().unwrap())
+        .unwrap()
+        .sha256_for(gpu_driver::host::CpuArch::Aarch64)
+        .unwrap()
+        .to_string();
+    assert_eq!(s["package"]["sha256"], want.as_str());
+    // The same node read as x86_64 gets the other file.
+    let r = run_on(
+        "gardenlinux-1877-arm64-t4g",
+        &["--arch", "x86_64", "resolve"],
+    );
+    assert!(
+        r.doc["status"]["package"]["url"]
+            .as_str()
+            .unwrap()
+            .contains("NVIDIA-Linux-x86_64-")
+    );
+}
+
+#[test]
+fn the_catalog_check_passes_on_the_embedded_catalog_and_names_problems() {
+    let r = run(&["catalog-check"]);
+    assert_eq!(r.code, 0, "{}", r.doc);
+    assert_eq!(r.doc["kind"], "CatalogCheck");
+    assert_eq!(r.doc["status"]["reason"], "CatalogChecked");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cat = dir.path().join("catalog.toml");
+    let embedded =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("catalog/catalog.toml"))
+            .unwrap();
+    // A default branch whose only release has no digest, a policy that
+    // sends Garden Linux 2150 (6.18) to 570, and an exclusion whose
+    // evidence is hearsay.
+    let broken = embedded
+        .replace("defaultBranch = \"580\"", "defaultBranch = \"600\"")
+        .replace(
+            "# ---------------------------------------------------------------- policies",
+            "[[drivers]]\nbranch = \"600\"\nversion = \"600.10.01\"\nchannel = \"datacenter\"\n\n[[policies]]\nname = \"gl-2150-570\"\nos = \"gardenlinux\"\nosVersions = [\"2150\"]\nbranch = \"570\"\n",
+        )
+        .replace(
+            "[[flavorRules]]",
+            "[[exclusions]]\ndriver = \"590\"\nreason = \"x\"\nevidence = \"a forum said so\"\n\n[[flavorRules]]",
+        );
+    assert_ne!(broken, embedded);
+    fs::write(&cat, broken).unwrap();
+    let r = run(&["--catalog", cat.to_str().unwrap(), "catalog-check"]);
+    assert_eq!(r.code, 4, "{}", r.doc);
+    assert_eq!(r.doc["status"]["reason"], "CatalogInvalid");
+    let problems: Vec<String> = r.doc["status"]["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("600.10.01 has no aarch64 digest")),
+        "{problems:?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.contains("Garden Linux 2150")
+            && p.contains("570.211.01 (open) is excluded on 6.18.255")),
+        "{problems:?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.contains("a forum said so")),
+        "{problems:?}"
     );
 }
