@@ -443,6 +443,25 @@ pub struct CatalogCheckStatus {
     /// Every inconsistency found, one line each.
     #[serde(default)]
     pub problems: Vec<String>,
+    /// What each listed OS release installs by default.
+    #[serde(default)]
+    pub defaults: Vec<DefaultChoice>,
+}
+
+/// What an OS release installs by default on one kernel series and CPU.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultChoice {
+    pub os: String,
+    pub os_version: String,
+    pub kernel_series: String,
+    pub arch: CpuArch,
+    pub driver_version: String,
+    /// `policy <name>` or `default branch <branch>`.
+    pub chosen_by: String,
+    /// Auto's flavor for Turing and newer GPUs, at the series' first and
+    /// a late patch release (two when a flavor rule ends within it).
+    pub flavors_for_turing_and_newer: Vec<ModuleFlavor>,
 }
 
 pub type CatalogCheck = Document<CatalogCheckSpec, CatalogCheckStatus>;
@@ -456,10 +475,10 @@ impl ResultDocument for CatalogCheck {
 /// `catalog-check`: the catalog (already loaded, or the error loading it)
 /// checked, as a result document.
 pub fn check_document(label: String, catalog: Result<Catalog>) -> CatalogCheck {
-    let (outcome, problems) = match catalog {
-        Err(e) => (Outcome::from_error(&e), Vec::new()),
+    let (outcome, problems, defaults) = match catalog {
+        Err(e) => (Outcome::from_error(&e), Vec::new(), Vec::new()),
         Ok(cat) => {
-            let problems = cat.check();
+            let (problems, defaults) = cat.check_with_defaults();
             let outcome = if problems.is_empty() {
                 Outcome::new(
                     Reason::CatalogChecked,
@@ -487,13 +506,17 @@ pub fn check_document(label: String, catalog: Result<Catalog>) -> CatalogCheck {
                     ),
                 )
             };
-            (outcome, problems)
+            (outcome, problems, defaults)
         }
     };
     Document::new(
         Kind::CatalogCheck,
         CatalogCheckSpec { catalog: label },
-        CatalogCheckStatus { outcome, problems },
+        CatalogCheckStatus {
+            outcome,
+            problems,
+            defaults,
+        },
     )
 }
 
@@ -503,12 +526,19 @@ impl Catalog {
     /// CPU architecture, to a default release that has a digest and is not
     /// excluded there; every exclusion says how the break is known.
     pub fn check(&self) -> Vec<String> {
+        self.check_with_defaults().0
+    }
+
+    /// [`Catalog::check`], and what every listed OS release installs by
+    /// default (the compatibility table).
+    pub fn check_with_defaults(&self) -> (Vec<String>, Vec<DefaultChoice>) {
         let mut problems = Vec::new();
+        let mut defaults = Vec::new();
         for os in &self.os {
             for rel in &os.releases {
                 for series in &rel.kernel_series {
                     for &arch in &self.cpu_architectures {
-                        self.check_default(os, rel, series, arch, &mut problems);
+                        defaults.extend(self.check_default(os, rel, series, arch, &mut problems));
                     }
                 }
             }
@@ -531,7 +561,7 @@ impl Catalog {
         }
         problems.sort();
         problems.dedup();
-        problems
+        (problems, defaults)
     }
 
     fn check_default(
@@ -541,7 +571,7 @@ impl Catalog {
         series: &str,
         arch: CpuArch,
         problems: &mut Vec<String>,
-    ) {
+    ) -> Option<DefaultChoice> {
         let at = format!("{} {} on kernel {series} ({arch})", os.name, rel.version);
         // The series' first and a late patch release: exclusions often
         // start with a stable backport.
@@ -551,14 +581,13 @@ impl Catalog {
             .collect();
         if kernels.is_empty() {
             problems.push(format!("{at}: {series:?} is not a kernel series like 6.12"));
-            return;
+            return None;
         }
-        let branch = self
-            .policy_for(&os.id, Some(&rel.version), kernels.first().copied())
-            .map_or(self.default_branch.as_str(), |p| p.branch.as_str());
+        let policy = self.policy_for(&os.id, Some(&rel.version), kernels.first().copied());
+        let branch = policy.map_or(self.default_branch.as_str(), |p| p.branch.as_str());
         let Some(release) = self.default_release(branch, arch) else {
             problems.push(format!("{at}: branch {branch} has no release"));
-            return;
+            return None;
         };
         if release.sha256_for(arch).is_none() {
             problems.push(format!(
@@ -566,6 +595,7 @@ impl Catalog {
                 release.version
             ));
         }
+        let mut flavors = Vec::new();
         for k in kernels {
             let flavor = match (self.flavor_rule_for(&os.id, k), branch_of(&release.version)) {
                 (Some(rule), _) => rule.flavor,
@@ -578,7 +608,22 @@ impl Catalog {
                     release.version, x.reason
                 ));
             }
+            if !flavors.contains(&flavor) {
+                flavors.push(flavor);
+            }
         }
+        Some(DefaultChoice {
+            os: os.name.clone(),
+            os_version: rel.version.clone(),
+            kernel_series: series.to_string(),
+            arch,
+            driver_version: release.version.clone(),
+            chosen_by: policy.map_or_else(
+                || format!("default branch {branch}"),
+                |p| format!("policy {}", p.name),
+            ),
+            flavors_for_turing_and_newer: flavors,
+        })
     }
 }
 
