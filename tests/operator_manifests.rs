@@ -7,6 +7,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -80,6 +83,8 @@ fn manifests_parse_and_rbac_is_least_privilege() {
     let mut kinds = BTreeSet::new();
     let mut operator_rules = Vec::new();
     let mut bound_accounts = BTreeSet::new();
+    let mut policies = Vec::new();
+    let mut policy_bindings = Vec::new();
     for r in &resources {
         for doc in documents(&format!("deploy/{r}")) {
             let kind = doc["kind"].as_str().unwrap().to_string();
@@ -122,6 +127,12 @@ fn manifests_parse_and_rbac_is_least_privilege() {
                         bound_accounts.insert(s.name);
                     }
                 }
+                "ValidatingAdmissionPolicy" => {
+                    policies.push(typed::<ValidatingAdmissionPolicy>(&doc));
+                }
+                "ValidatingAdmissionPolicyBinding" => {
+                    policy_bindings.push(typed::<ValidatingAdmissionPolicyBinding>(&doc));
+                }
                 _ => {}
             }
             kinds.insert(kind);
@@ -134,6 +145,8 @@ fn manifests_parse_and_rbac_is_least_privilege() {
         "ClusterRole",
         "Role",
         "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(kinds.contains(k), "{k} missing: {kinds:?}");
     }
@@ -166,8 +179,262 @@ fn manifests_parse_and_rbac_is_least_privilege() {
             }
         }
     }
+    admission_policy_is_bound_and_fails_closed(&policies, &policy_bindings);
     // The example GpuDriver parses into the CRD's type.
     let gd: gpu_driver::operator::crd::GpuDriver =
         typed(&documents("deploy/examples/gpudriver.yaml")[0]);
     assert!(!gd.spec.builder_images.is_empty());
+}
+
+/// The GpuDriver policy: bound with Deny, on creates and updates of
+/// gpudrivers (not their status), failing closed, every rule with a
+/// reason; the owner's lists first, where docs/operator.md's patch paths
+/// point.
+fn admission_policy_is_bound_and_fails_closed(
+    policies: &[ValidatingAdmissionPolicy],
+    bindings: &[ValidatingAdmissionPolicyBinding],
+) {
+    let [policy] = policies else {
+        panic!("one ValidatingAdmissionPolicy: {policies:?}")
+    };
+    let [binding] = bindings else {
+        panic!("one ValidatingAdmissionPolicyBinding: {bindings:?}")
+    };
+    let name = policy.metadata.name.clone().unwrap();
+    let spec = policy.spec.clone().unwrap();
+    let bspec = binding.spec.clone().unwrap();
+    assert_eq!(bspec.policy_name.as_deref(), Some(name.as_str()));
+    assert_eq!(bspec.validation_actions, Some(vec!["Deny".to_string()]));
+    assert_eq!(bspec.match_resources, None, "bound to every GpuDriver");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let rules = spec.match_constraints.unwrap().resource_rules.unwrap();
+    let [rule] = rules.as_slice() else {
+        panic!("{rules:?}")
+    };
+    assert_eq!(
+        rule.api_groups,
+        Some(vec!["gpu-driver.gardenlinux.io".to_string()])
+    );
+    assert_eq!(rule.resources, Some(vec!["gpudrivers".to_string()]));
+    assert_eq!(
+        rule.operations,
+        Some(vec!["CREATE".to_string(), "UPDATE".to_string()])
+    );
+    let variables: Vec<String> = spec
+        .variables
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(
+        variables[..4],
+        [
+            "allowedRegistries",
+            "allowedCacheUrls",
+            "allowedCacheSecrets",
+            "allowHttpCache"
+        ]
+    );
+    for v in spec.validations.unwrap() {
+        assert!(v.message.is_some(), "{v:?}");
+        assert_eq!(v.reason.as_deref(), Some("Forbidden"));
+    }
+}
+
+/// The policy's `deniedFlags` list.
+fn denied_flags() -> BTreeSet<String> {
+    let policy = &documents("deploy/admission-policy.yaml")[0];
+    let vars = policy["spec"]["variables"].as_sequence().unwrap();
+    let expr = vars
+        .iter()
+        .find(|v| v["name"] == "deniedFlags")
+        .expect("variable deniedFlags")["expression"]
+        .as_str()
+        .unwrap();
+    // A CEL list of single-quoted strings: the odd pieces between quotes.
+    expr.split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every long flag `gpu-driver-installer run` takes (its own and the
+/// global ones) is either refused in extraArgs by the policy or known to be
+/// harmless there: a new flag fails this test until someone decides.
+#[test]
+fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
+    use clap::CommandFactory;
+    let mut cli = gpu_driver::cli::Cli::command();
+    cli.build();
+    let run = cli.find_subcommand("run").expect("run subcommand");
+    let flags: BTreeSet<String> = run
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .map(|l| format!("--{l}"))
+        .collect();
+    // Neither where bytes come from, nor how they are trusted, nor which
+    // paths are written or run.
+    let harmless: BTreeSet<String> = [
+        "--help",
+        "--log-level",
+        "--kernel-release",
+        "--driver-version",
+        "--flavor",
+        "--peermem",
+        "--no-drm",
+        "--force",
+        "--module-params",
+        "--offline",
+        "--retries",
+        "--backoff-ms",
+        "--connect-timeout",
+        "--read-timeout",
+        "--cache-wait",
+        "--cache-lease-ttl",
+        "--cache-poll-ms",
+    ]
+    .map(String::from)
+    .into();
+    let denied = denied_flags();
+    for f in [
+        "--url",
+        "--mirror",
+        "--sha256",
+        "--allow-http",
+        "--ca-bundle",
+        "--catalog",
+        "--cache-url",
+    ] {
+        assert!(denied.contains(f), "the policy must refuse {f}: {denied:?}");
+    }
+    let unknown: Vec<_> = denied.difference(&flags).collect();
+    assert!(unknown.is_empty(), "not installer flags: {unknown:?}");
+    let both: Vec<_> = denied.intersection(&harmless).collect();
+    assert!(both.is_empty(), "denied and harmless: {both:?}");
+    let undecided: Vec<_> = flags
+        .iter()
+        .filter(|f| !denied.contains(*f) && !harmless.contains(*f))
+        .collect();
+    assert!(
+        undecided.is_empty(),
+        "installer flags neither refused by deploy/admission-policy.yaml (deniedFlags) \
+         nor listed as harmless here: {undecided:?}"
+    );
+}
+
+/// Pinned (`@sha256:` and 64 hex digits) or tagged with something other
+/// than `latest`. A registry port (`host:5000/name`) is no tag.
+fn pinned_or_versioned(image: &str) -> Result<(), String> {
+    if let Some((name, digest)) = image.split_once("@sha256:") {
+        let hex = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+        return if hex && !name.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{image}: bad digest"))
+        };
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.split_once(':') {
+        None | Some((_, "")) => Err(format!("{image}: untagged (means :latest)")),
+        Some((_, "latest")) => Err(format!("{image}: :latest")),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Every string under a key `image` or `installerImage`, at any depth.
+fn image_refs(v: &serde_yaml::Value, out: &mut Vec<String>) {
+    match v {
+        serde_yaml::Value::Mapping(m) => {
+            for (k, v) in m {
+                if let (Some("image" | "installerImage"), Some(s)) = (k.as_str(), v.as_str()) {
+                    out.push(s.to_string());
+                }
+                image_refs(v, out);
+            }
+        }
+        serde_yaml::Value::Sequence(s) => s.iter().for_each(|v| image_refs(v, out)),
+        _ => {}
+    }
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            yaml_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn images_in_deploy_are_pinned_or_versioned_never_latest() {
+    for bad in [
+        "x",
+        "x:latest",
+        "host:5000/x",
+        "x@sha256:abc",
+        "ghcr.io/a/b:",
+    ] {
+        assert!(pinned_or_versioned(bad).is_err(), "{bad}");
+    }
+    for good in [
+        "host:5000/x:1.2",
+        "ghcr.io/a/kmodbuild:{gardenLinuxVersion}",
+        &format!("x:1@sha256:{}", "ab".repeat(32)),
+    ] {
+        assert!(pinned_or_versioned(good).is_ok(), "{good}");
+    }
+    let mut files = Vec::new();
+    yaml_files(&repo().join("deploy"), &mut files);
+    let version = env!("CARGO_PKG_VERSION");
+    let mut seen = 0;
+    let mut bad = Vec::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(repo())
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let mut refs = Vec::new();
+        for doc in documents(&rel) {
+            image_refs(&doc, &mut refs);
+            // kustomize's image overrides.
+            if doc["kind"] == "Kustomization" {
+                for i in doc["images"].as_sequence().into_iter().flatten() {
+                    let name = i["newName"].as_str().or(i["name"].as_str()).unwrap();
+                    let tag = i["newTag"].as_str().map(|t| format!(":{t}"));
+                    let digest = i["digest"].as_str().map(|d| format!("@{d}"));
+                    refs.push(format!(
+                        "{name}{}{}",
+                        tag.unwrap_or_default(),
+                        digest.unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        for r in refs {
+            seen += 1;
+            if let Err(e) = pinned_or_versioned(&r) {
+                bad.push(format!("{rel}: {e}"));
+            }
+            // This project's own images carry its version (or a digest).
+            let own = ["/gpu-driver-operator", "/gpu-driver-installer"];
+            let name = r.split(['@']).next().unwrap();
+            if let Some((repo_name, tag)) = name.rsplit_once(':') {
+                if own.iter().any(|o| repo_name.ends_with(o)) && !r.contains('@') {
+                    if tag != version {
+                        bad.push(format!(
+                            "{rel}: {r}: tag is not the crate version {version}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen >= 5, "found only {seen} image references in deploy/");
+    assert!(bad.is_empty(), "{bad:#?}");
 }
