@@ -293,6 +293,16 @@ fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
         "--cache-wait",
         "--cache-lease-ttl",
         "--cache-poll-ms",
+        // Bounds of a download or an extraction: the worst a GpuDriver
+        // writer can do with them is let a verified package take more
+        // disk or time on the node.
+        "--download-timeout",
+        "--max-download-size",
+        "--max-unpacked-size",
+        "--max-unpacked-entries",
+        // The package for another CPU is still digest-verified; the node
+        // then refuses its modules (vermagic).
+        "--arch",
     ]
     .map(String::from)
     .into();
