@@ -448,3 +448,58 @@ fn images_in_deploy_are_pinned_or_versioned_never_latest() {
     assert!(seen >= 5, "found only {seen} image references in deploy/");
     assert!(bad.is_empty(), "{bad:#?}");
 }
+
+/// The example GpuDriver names a builder image for every release the
+/// catalog serves, on both CPUs, with the tag Garden Linux publishes
+/// (`kmodbuild:<arch>-<full version>`).
+#[test]
+fn the_example_has_a_builder_image_for_every_catalogued_release() {
+    use gpu_driver::operator::crd::GpuDriver;
+    use gpu_driver::operator::decide::{NodeFacts, builder_image};
+    let docs = documents("deploy/examples/gpudriver.yaml");
+    let gd: GpuDriver = typed(&docs[0]);
+    let catalog = gpu_driver::catalog::Catalog::embedded().unwrap();
+    let mut checked = 0;
+    for os in &catalog.os {
+        for rel in &os.releases {
+            // A point release of each: the image tag carries it whole.
+            let (os_image, tag_version) = match os.id.as_str() {
+                "gardenlinux" if rel.version == "2150" => {
+                    ("Garden Linux 2150.8.0".to_string(), Some("2150.8.0"))
+                }
+                "gardenlinux" => (format!("Garden Linux {}.4", rel.version), None),
+                "debian" => (
+                    format!(
+                        "Debian GNU/Linux {} ({})",
+                        rel.version,
+                        rel.codename.as_deref().unwrap_or("")
+                    ),
+                    None,
+                ),
+                other => panic!("no builder image rule for {other}"),
+            };
+            for arch in ["amd64", "arm64"] {
+                let node = NodeFacts {
+                    os_image: os_image.clone(),
+                    kernel: "6.12.57-cloud-amd64".into(),
+                    arch: arch.into(),
+                    ..NodeFacts::default()
+                };
+                let image = builder_image(&gd.spec.builder_images, &node)
+                    .unwrap_or_else(|| panic!("{os_image} ({arch}): no builder image"));
+                if os.id == "gardenlinux" {
+                    let v = tag_version
+                        .map(str::to_string)
+                        .unwrap_or_else(|| format!("{}.4", rel.version));
+                    assert_eq!(
+                        image,
+                        format!("ghcr.io/gardenlinux/gardenlinux/kmodbuild:{arch}-{v}"),
+                        "{os_image}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 14, "{checked}");
+}
