@@ -41,6 +41,10 @@ pub struct Catalog {
     pub exclusions: Vec<Exclusion>,
     #[serde(default)]
     pub flavor_rules: Vec<FlavorRule>,
+    #[serde(default)]
+    pub module_params: Vec<ModuleParams>,
+    #[serde(default)]
+    pub iommu_passthrough: Vec<IommuPassthrough>,
     /// Where it came from, for messages.
     #[serde(skip)]
     pub origin: String,
@@ -173,6 +177,34 @@ pub struct FlavorRule {
     pub evidence: String,
 }
 
+/// Module parameters real fleets need, for the GPUs they apply to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModuleParams {
+    /// `nvidia`, `nvidia_uvm`, …
+    pub module: String,
+    /// `key=value [key=value …]`
+    pub params: String,
+    /// GPU families (`[[architectures]]` names) it applies to; empty: all.
+    #[serde(default)]
+    pub gpu_architectures: Vec<String>,
+    pub reason: String,
+    pub evidence: String,
+}
+
+/// Hosts on which NVIDIA GPUs' IOMMU groups are switched to passthrough
+/// (`identity`) before the modules load.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IommuPassthrough {
+    pub os: String,
+    /// os-release `VARIANT_ID` starts with this (`metal`).
+    #[serde(default)]
+    pub variant_prefix: Option<String>,
+    pub reason: String,
+    pub evidence: String,
+}
+
 /// Whether `kernel` lies in `[min, max)`; an absent bound is open.
 fn in_kernel_range(kernel: KernelVersion, min: Option<&str>, max: Option<&str>) -> bool {
     min.and_then(KernelVersion::parse)
@@ -295,6 +327,21 @@ impl Catalog {
                 })
                 .collect::<Result<_, _>>()?;
         }
+        for m in &self.module_params {
+            let ok_module = !m.module.is_empty()
+                && m.module
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            let ok_params = m.params.split_whitespace().all(|p| {
+                p.split_once('=').is_some_and(|(k, _)| !k.is_empty()) && !p.contains('\0')
+            });
+            if !ok_module || !ok_params || m.params.trim().is_empty() {
+                return Err(bad(format!(
+                    "moduleParams {:?} {:?}: want a module name and key=value words",
+                    m.module, m.params
+                )));
+            }
+        }
         for r in &self.flavor_rules {
             for k in [&r.kernel_min, &r.kernel_max].into_iter().flatten() {
                 if KernelVersion::parse(k).is_none() {
@@ -397,6 +444,33 @@ impl Catalog {
                 in_kernel_range(kernel, x.kernel_min.as_deref(), x.kernel_max.as_deref());
             let flavor_ok = x.flavor.is_none() || x.flavor == flavor;
             driver_hit && kernel_hit && flavor_ok
+        })
+    }
+
+    /// The module parameters for a host with these GPU families.
+    pub fn module_params_for<'a>(&'a self, families: &[&str]) -> Vec<&'a ModuleParams> {
+        self.module_params
+            .iter()
+            .filter(|m| {
+                m.gpu_architectures.is_empty()
+                    || m.gpu_architectures
+                        .iter()
+                        .any(|a| families.contains(&a.as_str()))
+            })
+            .collect()
+    }
+
+    /// The IOMMU passthrough rule for this OS and variant, if any.
+    pub fn iommu_passthrough_for(
+        &self,
+        os_id: &str,
+        variant: Option<&str>,
+    ) -> Option<&IommuPassthrough> {
+        self.iommu_passthrough.iter().find(|r| {
+            r.os == os_id
+                && r.variant_prefix
+                    .as_deref()
+                    .is_none_or(|p| variant.is_some_and(|v| v.starts_with(p)))
         })
     }
 
@@ -548,6 +622,27 @@ impl Catalog {
                 problems.push(format!(
                     "exclusion for driver {} ({}): evidence must be \"measured: <where>\" or \"cited: <source>\", not {:?}",
                     x.driver, x.reason, x.evidence
+                ));
+            }
+        }
+        let others = self
+            .module_params
+            .iter()
+            .map(|m| {
+                (
+                    format!("moduleParams {} {}", m.module, m.params),
+                    &m.evidence,
+                )
+            })
+            .chain(
+                self.iommu_passthrough
+                    .iter()
+                    .map(|r| (format!("iommuPassthrough for {}", r.os), &r.evidence)),
+            );
+        for (what, evidence) in others {
+            if !evidence_ok(evidence) {
+                problems.push(format!(
+                    "{what}: evidence must be \"measured: <where>\" or \"cited: <source>\", not {evidence:?}"
                 ));
             }
         }

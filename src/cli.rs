@@ -126,9 +126,10 @@ pub struct LoadArgs {
     /// Module parameters: `module key=value ...` lines.
     #[arg(long, value_name = "PATH")]
     pub module_params: Option<PathBuf>,
-    /// Do not load nvidia-drm even if the artifact has it.
+    /// Load nvidia-drm too (display/KMS; GPU nodes are headless, so it is
+    /// off by default, as in every peer).
     #[arg(long)]
-    pub no_drm: bool,
+    pub drm: bool,
     /// Load nvidia-peermem too (needs the InfiniBand stack, ib_core).
     #[arg(long)]
     pub peermem: bool,
@@ -484,7 +485,7 @@ fn with_fetch(cfg: Config, args: &FetchArgs) -> Config {
 fn with_load(mut cfg: Config, args: &LoadArgs) -> Config {
     cfg.load = LoadSettings {
         module_params: args.module_params.clone(),
-        drm: !args.no_drm,
+        drm: args.drm,
         peermem: args.peermem,
         force: args.force,
     };

@@ -14,7 +14,7 @@
 //! 3. check vermagic: every module's vermagic (read from its `.modinfo` in
 //!    Rust) must name the running kernel release, else `VermagicMismatch` —
 //!    before anything is loaded or placed;
-//! 4. select: `--no-drm`, `--peermem`, and the load order;
+//! 4. select: `--drm`, `--peermem`, and the load order;
 //! 5. find conflicts in `/proc/modules`: the same version already loaded →
 //!    left alone (`AlreadyInstalled` when all are); another version (or
 //!    nouveau) loaded and unused → unloaded in reverse dependency order; in
@@ -113,7 +113,7 @@ pub enum ModuleAction {
     Loaded,
     /// The same version was already loaded; left alone.
     AlreadyLoaded,
-    /// In the artifact but not selected (`--peermem` not given, `--no-drm`).
+    /// In the artifact but not selected (`--peermem` or `--drm` not given).
     Skipped,
     /// Not attempted: an earlier step failed.
     NotLoaded,
@@ -230,6 +230,12 @@ pub struct InstallOptions<'a> {
     pub artifact: PathBuf,
     pub kernel_release: Option<String>,
     pub module_params: Option<PathBuf>,
+    /// Parameters the plan sets (catalog `moduleParams`), by module; the
+    /// `--module-params` file's come after them.
+    pub planned_params: BTreeMap<String, String>,
+    /// Switch the GPUs' IOMMU groups to passthrough before loading (the
+    /// plan's `iommuPassthrough`).
+    pub iommu_passthrough: bool,
     pub drm: bool,
     pub peermem: bool,
     pub force: bool,
@@ -881,13 +887,22 @@ fn prepare<'a>(opts: &'a InstallOptions<'a>, st: &mut InstallStatus) -> Result<R
         None => host::read_kernel_release(root)?,
     };
     st.kernel_release = Some(release.clone());
-    let params = match &opts.module_params {
+    let given = match &opts.module_params {
         Some(p) => parse_module_params(
             &fs::read_to_string(p)
                 .map_err(|e| Error::io(Reason::InvalidArgument, "reading", p, e))?,
         )?,
         None => BTreeMap::new(),
     };
+    let mut params = opts.planned_params.clone();
+    for (module, p) in given {
+        // Later wins in the kernel's parsing: the file overrides the plan.
+        let joined = match params.remove(&module) {
+            Some(planned) => format!("{planned} {p}"),
+            None => p,
+        };
+        params.insert(module, joined);
+    }
     Ok(Run {
         opts,
         root,
@@ -969,7 +984,7 @@ fn check_vermagic(
     Ok(all)
 }
 
-/// The modules to load (`--no-drm`, `--peermem`) and their order.
+/// The modules to load (`--drm`, `--peermem`) and their order.
 fn select<'a>(run: &Run, all: &'a [Selected], st: &mut InstallStatus) -> Selection<'a> {
     let opts = run.opts;
     let skip =
@@ -1136,6 +1151,10 @@ fn load_modules(
     st: &mut InstallStatus,
 ) -> Result<Vec<String>> {
     let mut loaded_now: Vec<String> = Vec::new();
+    let loads_nvidia = sel.by_name.contains_key("nvidia") && !same.contains("nvidia");
+    if run.opts.iommu_passthrough && loads_nvidia {
+        st.notes.extend(iommu_passthrough(run.root)?);
+    }
     for name in &sel.order {
         let Some(m) = sel.by_name.get(name.as_str()) else {
             continue;
@@ -1153,22 +1172,59 @@ fn load_modules(
     Ok(loaded_now)
 }
 
+/// Switches each NVIDIA GPU's IOMMU group to passthrough (`identity`)
+/// before `nvidia` binds, where it is not already; returns what it did.
+/// A group that refuses is noted, not fatal: the load then says whether it
+/// mattered.
+pub fn iommu_passthrough(root: &HostRoot) -> Result<Vec<String>> {
+    let fs = root.fs()?;
+    let mut notes = Vec::new();
+    for dev in host::read_pci_devices(&host::pci_devices_dir(root))? {
+        if dev.role() != PciRole::Gpu {
+            continue;
+        }
+        let rel = format!("/sys/bus/pci/devices/{}/iommu_group/type", dev.address);
+        let path = root.kernel_path(&rel);
+        let Some(current) = host::read_optional(&path)? else {
+            continue; // no IOMMU, or no group: nothing to switch
+        };
+        let current = current.trim().to_string();
+        if current == "identity" {
+            continue;
+        }
+        let written = if path == root.join(&rel) {
+            fs.write_existing(&rel, b"identity")
+        } else {
+            fs::write(&path, "identity").map_err(|e| Error::io(LOCAL_IO, "writing", &path, e))
+        };
+        notes.push(match written {
+            Ok(()) => format!("IOMMU group of {}: {current} -> identity", dev.address),
+            Err(e) => format!(
+                "IOMMU group of {} stays {current}: {}",
+                dev.address, e.message
+            ),
+        });
+    }
+    Ok(notes)
+}
+
 fn set_action(st: &mut InstallStatus, name: &str, action: ModuleAction) {
     if let Some(s) = st.modules.iter_mut().find(|s| s.name == name) {
         s.action = action;
     }
 }
 
-/// Dependencies outside the artifact (drm for nvidia-drm, ib_core for
-/// peermem) must be loaded already, else they are modprobe'd.
+/// Dependencies outside the artifact (drm and drm_kms_helper for
+/// nvidia-drm, ib_core for peermem, …) must be loaded already, else each
+/// is modprobe'd, in the order `.modinfo` lists them.
 fn load_dependencies(run: &Run, sel: &Selection, m: &Selected) -> Result<()> {
     let now = read_modules(run.root)?;
     let missing = m
         .info
         .depends
         .iter()
-        .find(|d| !sel.by_name.contains_key(d.as_str()) && !now.contains_key(*d));
-    if let Some(dep) = missing {
+        .filter(|d| !sel.by_name.contains_key(d.as_str()) && !now.contains_key(*d));
+    for dep in missing {
         if let Err(e) = modprobe(run.root, dep) {
             return Err(Error::new(
                 Reason::ModuleLoadFailed,
@@ -1537,5 +1593,67 @@ mod tests {
         assert_eq!(m["hello"].refcount, 0);
         assert!(m["hello"].used_by.is_empty());
         assert_eq!(m["nvidia"].used_by, ["nvidia_uvm"]);
+    }
+}
+
+#[cfg(test)]
+mod iommu_tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A host root with NVIDIA GPUs at 04.0 (group 7, DMA), 05.0 (group 8,
+    /// already identity) and 06.0 (no IOMMU group), laid out as sysfs is:
+    /// `iommu_group` a relative link into /sys/kernel/iommu_groups.
+    fn host() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        fs::create_dir_all(r.join("sys/bus/pci/devices")).unwrap();
+        for (slot, group, kind) in [
+            ("04", Some(7), "DMA"),
+            ("05", Some(8), "identity"),
+            ("06", None, ""),
+        ] {
+            let addr = format!("0000:00:{slot}.0");
+            let dev = r.join("sys/devices/pci0000:00").join(&addr);
+            fs::create_dir_all(&dev).unwrap();
+            fs::write(dev.join("vendor"), "0x10de\n").unwrap();
+            fs::write(dev.join("device"), "0x2901\n").unwrap();
+            fs::write(dev.join("class"), "0x030200\n").unwrap();
+            symlink(
+                format!("../../../devices/pci0000:00/{addr}"),
+                r.join("sys/bus/pci/devices").join(&addr),
+            )
+            .unwrap();
+            if let Some(g) = group {
+                let gdir = r.join(format!("sys/kernel/iommu_groups/{g}"));
+                fs::create_dir_all(&gdir).unwrap();
+                fs::write(gdir.join("type"), format!("{kind}\n")).unwrap();
+                symlink(
+                    format!("../../../kernel/iommu_groups/{g}"),
+                    dev.join("iommu_group"),
+                )
+                .unwrap();
+            }
+        }
+        dir
+    }
+
+    #[test]
+    fn gpu_iommu_groups_go_to_passthrough_before_the_load() {
+        let dir = host();
+        let root = HostRoot::new(dir.path(), host::HostRootSource::Flag);
+        let notes = iommu_passthrough(&root).unwrap();
+        assert_eq!(
+            notes,
+            vec!["IOMMU group of 0000:00:04.0: DMA -> identity".to_string()]
+        );
+        let t = |g: u32| {
+            fs::read_to_string(dir.path().join(format!("sys/kernel/iommu_groups/{g}/type")))
+                .unwrap()
+        };
+        assert_eq!(t(7), "identity");
+        assert_eq!(t(8).trim(), "identity");
+        // Done once: nothing more to switch.
+        assert!(iommu_passthrough(&root).unwrap().is_empty());
     }
 }

@@ -126,6 +126,21 @@ pub struct PlanStatus {
     /// What will likely go wrong later, and why (e.g. Secure Boot).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Module parameters the catalog sets for these GPUs, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub module_params: Vec<PlannedParams>,
+    /// Why the GPUs' IOMMU groups go to passthrough before loading, when
+    /// they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu_passthrough: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedParams {
+    pub module: String,
+    pub params: String,
+    pub reason: String,
 }
 
 impl PlanStatus {
@@ -145,6 +160,8 @@ impl PlanStatus {
             package: None,
             arch: None,
             warnings: Vec::new(),
+            module_params: Vec::new(),
+            iommu_passthrough: None,
         }
     }
 }
@@ -270,6 +287,24 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
 
     // 6. Package.
     st.package = Some(package_for(cat, &version, arch));
+
+    // 7. Host tuning: module parameters for these GPUs, IOMMU passthrough.
+    let families: Vec<&str> = archs
+        .iter()
+        .filter_map(|(_, a)| a.map(|a| a.name.as_str()))
+        .collect();
+    st.module_params = cat
+        .module_params_for(&families)
+        .into_iter()
+        .map(|m| PlannedParams {
+            module: m.module.clone(),
+            params: m.params.clone(),
+            reason: m.reason.clone(),
+        })
+        .collect();
+    st.iommu_passthrough = cat
+        .iommu_passthrough_for(&os.id, os.variant_id.as_deref())
+        .map(|r| r.reason.clone());
 
     let headers_text = match headers.source {
         HeadersSource::Installed => {

@@ -99,7 +99,7 @@ impl Config {
             cache: None,
             artifact: None,
             load: LoadSettings {
-                drm: true,
+                drm: false,
                 ..LoadSettings::default()
             },
             nvidia_smi: None,
@@ -160,6 +160,8 @@ impl Config {
             artifact,
             kernel_release: self.kernel_release.clone(),
             module_params: self.load.module_params.clone(),
+            planned_params: std::collections::BTreeMap::new(),
+            iommu_passthrough: false,
             drm: self.load.drm,
             peermem: self.load.peermem,
             force: self.load.force,
@@ -386,7 +388,28 @@ fn headers_for(cfg: &Config, h: &resolve::Headers, release: &str) -> Result<Opti
 
 /// `install`: load the given artifact.
 pub fn install(cfg: &Config, artifact: &Path) -> install::InstallResult {
-    install::install(&cfg.install_options(artifact.to_path_buf()))
+    install_planned(cfg, artifact, None)
+}
+
+/// `install`, with the plan's module parameters and IOMMU setting when
+/// `run` resolved one.
+fn install_planned(
+    cfg: &Config,
+    artifact: &Path,
+    plan: Option<&InstallPlan>,
+) -> install::InstallResult {
+    let mut opts = cfg.install_options(artifact.to_path_buf());
+    if let Some(plan) = plan {
+        for m in &plan.status.module_params {
+            let joined = match opts.planned_params.remove(&m.module) {
+                Some(p) => format!("{p} {}", m.params),
+                None => m.params.clone(),
+            };
+            opts.planned_params.insert(m.module.clone(), joined);
+        }
+        opts.iommu_passthrough = plan.status.iommu_passthrough.is_some();
+    }
+    install::install(&opts)
 }
 
 /// `verify`: nvidia-smi against detect and the installed manifest.
@@ -414,14 +437,14 @@ pub fn run(cfg: &Config) -> RunResult {
     if !steps.push(Kind::HostReport, &report) {
         return steps.finish(spec, None);
     }
-    let artifact = match &cfg.artifact {
-        Some(a) => a.clone(),
+    let (artifact, plan) = match &cfg.artifact {
+        Some(a) => (a.clone(), None),
         None => match plan_fetch_build(cfg, &catalog, &report, &mut steps) {
-            Ok(a) => a,
+            Ok((a, plan)) => (a, Some(plan)),
             Err(outcome) => return steps.finish(spec, outcome),
         },
     };
-    let installed = install(cfg, &artifact);
+    let installed = install_planned(cfg, &artifact, plan.as_deref());
     if !steps.push(Kind::InstallResult, &installed) {
         return steps.finish(spec, None);
     }
@@ -442,7 +465,7 @@ fn plan_fetch_build(
     catalog: &Catalog,
     report: &HostReport,
     steps: &mut Steps,
-) -> std::result::Result<PathBuf, Option<Outcome>> {
+) -> std::result::Result<(PathBuf, Box<InstallPlan>), Option<Outcome>> {
     let plan = resolve_with(cfg, catalog, report);
     if !steps.push(Kind::InstallPlan, &plan) {
         return Err(None);
@@ -456,7 +479,7 @@ fn plan_fetch_build(
         return Err(None);
     }
     match &built.status.artifact {
-        Some(a) => Ok(PathBuf::from(a)),
+        Some(a) => Ok((PathBuf::from(a), Box::new(plan))),
         None => Err(Some(Outcome::new(
             Reason::Internal,
             "build succeeded without an artifact",

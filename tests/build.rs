@@ -656,7 +656,6 @@ fn install_and_verify_real_user_space(
         "--kernel-release",
         release,
         "install",
-        "--no-drm",
         "--artifact",
         artifact.to_str().unwrap(),
     ]);

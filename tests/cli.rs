@@ -968,3 +968,27 @@ fn the_compatibility_table_is_the_catalogs() {
         }
     }
 }
+
+#[test]
+fn the_plan_carries_module_parameters_and_iommu_passthrough_from_the_catalog() {
+    // B200-class (Blackwell): nvidia-uvm's HMM off.
+    let dir = tempfile::tempdir().unwrap();
+    synthetic_root(dir.path(), &[0x2901]);
+    let r = run(&["--host-root", dir.path().to_str().unwrap(), "resolve"]);
+    let params = &r.doc["status"]["moduleParams"];
+    assert_eq!(params[0]["module"], "nvidia_uvm", "{}", r.doc);
+    assert_eq!(params[0]["params"], "uvm_disable_hmm=1");
+    assert!(r.doc["status"].get("iommuPassthrough").is_none());
+    // A Turing node: no parameters.
+    let r = run_on("gardenlinux-1592-t4", &["resolve"]);
+    assert!(r.doc["status"].get("moduleParams").is_none(), "{}", r.doc);
+    // Garden Linux metal (VARIANT_ID metal-…): IOMMU passthrough.
+    let r = run_on("gardenlinux-2150-h100", &["resolve"]);
+    let why = r.doc["status"]["iommuPassthrough"].as_str().unwrap();
+    assert!(why.contains("IO_PAGE_FAULT"), "{why}");
+    assert!(
+        run_on("gardenlinux-1877-l4", &["resolve"]).doc["status"]
+            .get("iommuPassthrough")
+            .is_none()
+    );
+}

@@ -282,7 +282,7 @@ fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
         "--driver-version",
         "--flavor",
         "--peermem",
-        "--no-drm",
+        "--drm",
         "--force",
         "--module-params",
         "--offline",
