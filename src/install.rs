@@ -756,6 +756,68 @@ pub fn device_nodes(
     (nodes, notes)
 }
 
+/// The device nodes beyond the GPUs' own that the hardware needs, from
+/// the majors the modules registered (`/proc/devices`):
+/// `/dev/nvidia-nvswitchctl` and `/dev/nvidia-nvswitch<N>` per NVSwitch
+/// (Fabric Manager opens them), `/dev/nvidia-nvlink`, and the MIG
+/// capability nodes `/dev/nvidia-caps/nvidia-cap<M>` whose minors
+/// `/proc/driver/nvidia/capabilities/mig/{config,monitor}` give. A major
+/// the kernel did not register means that part is absent: no node.
+pub fn extra_device_nodes(
+    majors: &BTreeMap<String, u32>,
+    nvswitches: usize,
+    caps: &[u32],
+) -> Vec<(String, u32, u32)> {
+    let mut nodes = Vec::new();
+    if let Some(&m) = majors.get("nvidia-nvswitch") {
+        if nvswitches > 0 {
+            nodes.push(("/dev/nvidia-nvswitchctl".to_string(), m, NVIDIACTL_MINOR));
+            for i in 0..nvswitches {
+                nodes.push((format!("/dev/nvidia-nvswitch{i}"), m, i as u32));
+            }
+        }
+    }
+    if let Some(&m) = majors.get("nvidia-nvlink") {
+        nodes.push(("/dev/nvidia-nvlink".to_string(), m, 0));
+    }
+    if let Some(&m) = majors.get("nvidia-caps") {
+        for &minor in caps {
+            nodes.push((format!("/dev/nvidia-caps/nvidia-cap{minor}"), m, minor));
+        }
+    }
+    nodes
+}
+
+/// `DeviceFileMinor: N` of a `/proc/driver/nvidia/capabilities/…` file.
+pub fn parse_cap_minor(text: &str) -> Option<u32> {
+    text.lines().find_map(|l| {
+        l.strip_prefix("DeviceFileMinor:")
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// The MIG capabilities' minors, where the driver publishes them.
+fn mig_cap_minors(root: &HostRoot) -> Result<Vec<u32>> {
+    let mut minors = Vec::new();
+    for cap in ["config", "monitor"] {
+        let path = root.kernel_path(&format!("/proc/driver/nvidia/capabilities/mig/{cap}"));
+        if let Some(minor) = host::read_optional(&path)?
+            .as_deref()
+            .and_then(parse_cap_minor)
+        {
+            minors.push(minor);
+        }
+    }
+    Ok(minors)
+}
+
+fn nvswitch_count(root: &HostRoot) -> Result<usize> {
+    Ok(host::read_pci_devices(&host::pci_devices_dir(root))?
+        .iter()
+        .filter(|d| d.role() == PciRole::NvSwitch)
+        .count())
+}
+
 fn gpu_count(root: &HostRoot) -> Result<usize> {
     Ok(host::read_pci_devices(&host::pci_devices_dir(root))?
         .iter()
@@ -1303,8 +1365,13 @@ fn make_device_nodes(run: &Run, sel: &Selection, st: &mut InstallStatus) -> Resu
         None => BTreeMap::new(),
     };
     let modeset = sel.by_name.contains_key("nvidia_modeset");
-    let (nodes, notes) = device_nodes(&majors, gpu_count(run.root)?, modeset);
+    let (mut nodes, notes) = device_nodes(&majors, gpu_count(run.root)?, modeset);
     st.notes.extend(notes);
+    nodes.extend(extra_device_nodes(
+        &majors,
+        nvswitch_count(run.root)?,
+        &mig_cap_minors(run.root)?,
+    ));
     for (path, major, minor) in nodes {
         run.fs.mknod_char(&path, major, minor, 0o666)?;
         st.device_nodes.push(path);
@@ -1569,6 +1636,35 @@ mod tests {
         let (nodes, notes) = device_nodes(&BTreeMap::new(), 1, false);
         assert_eq!(nodes.len(), 2);
         assert_eq!(notes.len(), 2);
+    }
+
+    #[test]
+    fn nvswitch_nvlink_and_mig_capability_nodes() {
+        // An HGX board: majors as the modules register them (names from
+        // NVIDIA's open modules: nvswitch, nvlink core, caps).
+        let text = "Character devices:\n195 nvidia-frontend\n234 nvidia-caps\n235 nvidia-nvswitch\n236 nvidia-nvlink\n511 nvidia-uvm\n";
+        let majors = parse_char_majors(text).unwrap();
+        let caps = [
+            parse_cap_minor("DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+                .unwrap(),
+            parse_cap_minor("DeviceFileMinor: 2\nDeviceFileMode: 292\n").unwrap(),
+        ];
+        let nodes = extra_device_nodes(&majors, 2, &caps);
+        assert_eq!(
+            nodes,
+            vec![
+                ("/dev/nvidia-nvswitchctl".to_string(), 235, 255),
+                ("/dev/nvidia-nvswitch0".to_string(), 235, 0),
+                ("/dev/nvidia-nvswitch1".to_string(), 235, 1),
+                ("/dev/nvidia-nvlink".to_string(), 236, 0),
+                ("/dev/nvidia-caps/nvidia-cap1".to_string(), 234, 1),
+                ("/dev/nvidia-caps/nvidia-cap2".to_string(), 234, 2),
+            ]
+        );
+        // A PCIe card: no NVSwitch, no caps published, no nvlink major.
+        let plain = parse_char_majors("Character devices:\n195 nvidia\n").unwrap();
+        assert!(extra_device_nodes(&plain, 0, &[]).is_empty());
+        assert_eq!(parse_cap_minor("garbage"), None);
     }
 
     #[test]

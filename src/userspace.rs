@@ -89,7 +89,10 @@ pub enum Placement {
     Link { dest: String, target: String },
 }
 
-const BINARIES: &[&str] = &["UTILITY_BINARY"];
+/// nvidia-smi (UTILITY_BINARY) and nvidia-modprobe (NVIDIA_MODPROBE,
+/// set-uid in the package; placed without the bit, as everything here):
+/// tools that create device nodes on demand (MIG, NVSwitch) run it.
+const BINARIES: &[&str] = &["UTILITY_BINARY", "NVIDIA_MODPROBE"];
 const LIBRARIES: &[&str] = &[
     "UTILITY_LIB",
     "CUDA_LIB",
@@ -322,6 +325,7 @@ kernel/nvidia/nv.c 0644 KERNEL_MODULE_SRC INHERIT_PATH_DEPTH:1 MODULE:nvidia
 nvidia-smi 0755 UTILITY_BINARY MODULE:nvidia
 nvidia-smi.1.gz 0644 MANPAGE MODULE:nvidia
 nvidia-debugdump 0755 UTILITY_BINARY MODULE:nvidia
+nvidia-modprobe 4755 NVIDIA_MODPROBE MODULE:nvidia
 libnvidia-ml.so.535.261.03 0755 UTILITY_LIB NATIVE MODULE:nvidia
 libnvidia-ml.so.1 0000 UTILITY_LIB_SYMLINK NATIVE libnvidia-ml.so.535.261.03 MODULE:nvidia
 libcuda.so.535.261.03 0755 CUDA_LIB NATIVE MODULE:nvidia
@@ -365,6 +369,7 @@ libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidi
             vec![
                 f("nvidia-smi", "usr/bin/nvidia-smi".into()),
                 f("nvidia-debugdump", "usr/bin/nvidia-debugdump".into()),
+                f("nvidia-modprobe", "usr/bin/nvidia-modprobe".into()),
                 f(
                     "libnvidia-ml.so.535.261.03",
                     format!("{lib}/libnvidia-ml.so.535.261.03")
@@ -401,7 +406,7 @@ libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidi
         }
         let (base, placements) = collect(tmp.path()).unwrap().unwrap();
         assert_eq!(base, top);
-        assert_eq!(placements.len(), 7);
+        assert_eq!(placements.len(), 8);
         // No .manifest (Debian's tarballs): no user space.
         let none = tempfile::tempdir().unwrap();
         assert!(collect(none.path()).unwrap().is_none());
