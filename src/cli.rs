@@ -102,6 +102,14 @@ pub enum Command {
     /// kernel series resolves to a digest-pinned default that no exclusion
     /// forbids; every exclusion cites its evidence.
     CatalogCheck,
+    /// Make the current driver root visible at /run/nvidia/driver (a link,
+    /// or a read-only bind mount onto a directory there), in the mount
+    /// namespace at --mount-ns if given. Install runs it; so can a test.
+    #[command(hide = true)]
+    ExposeDriverRoot {
+        #[arg(long, value_name = "PATH")]
+        mount_ns: Option<PathBuf>,
+    },
     /// Copy this binary to PATH (mode 0755) and print PATH: the init
     /// container of an operator Job uses it to hand the installer from the
     /// scratch installer image to the builder image (no `cp` in scratch).
@@ -386,6 +394,16 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let cfg = config(g);
             let doc = crate::catalog::check_document(cfg.catalog_label(), cfg.load_catalog());
             deliver(g, Kind::CatalogCheck, &doc)
+        }
+        Command::ExposeDriverRoot { mount_ns } => {
+            // First: setns refuses a process that has started threads.
+            if let Some(ns) = mount_ns {
+                crate::userspace::enter_mount_namespace(ns)?;
+            }
+            let root = host_root(g);
+            let current = Path::new(crate::install::DRIVERS_DIR).join("current");
+            crate::userspace::expose_driver_root(&root.fs()?, &current)?;
+            Ok(0)
         }
         Command::CopySelf { dest } => {
             crate::files::copy_self(dest)?;

@@ -708,11 +708,15 @@ fn register_user_space(run: &Run, st: &mut InstallStatus) {
             st.notes.push(format!("ldconfig: {e}"));
         }
     }
-    match userspace::link_run_nvidia_driver(&run.fs, &current) {
-        Ok(true) => us.run_nvidia_driver = Some(RUN_NVIDIA_DRIVER.to_string()),
-        Ok(false) => st.notes.push(format!(
-            "{RUN_NVIDIA_DRIVER} exists and is not a link (another driver container?); left alone"
-        )),
+    match userspace::expose_driver_root(&run.fs, &current) {
+        Ok(how) => {
+            us.run_nvidia_driver = Some(RUN_NVIDIA_DRIVER.to_string());
+            if how == userspace::Exposure::Mounted {
+                st.notes.push(format!(
+                    "{RUN_NVIDIA_DRIVER} was a directory: the driver root is bind-mounted onto it (read-only, propagating to pods that mount it)"
+                ));
+            }
+        }
         Err(e) => st.notes.push(format!("{RUN_NVIDIA_DRIVER}: {e}")),
     }
 }

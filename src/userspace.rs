@@ -289,21 +289,120 @@ pub fn write_ld_so_conf(fs: &HostFs, current: &Path) -> Result<()> {
     fs.write_atomic(LD_SO_CONF, text.as_bytes(), 0o644)
 }
 
-/// Points `/run/nvidia/driver` at the current driver root (confined to the
-/// host root), unless something other than a symlink is there (the GPU
-/// Operator's own driver container mounts a directory there; it is left
-/// alone: `Ok(false)`).
-pub fn link_run_nvidia_driver(fs: &HostFs, current: &Path) -> Result<bool> {
+/// How `/run/nvidia/driver` shows the current driver root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposure {
+    /// Nothing (or our link) was there: a link to `current`, which pods
+    /// started later resolve when they mount the path.
+    Linked,
+    /// A directory was there (NVIDIA's toolkit creates it with
+    /// `DirectoryOrCreate` after a reboot, and pods may hold it mounted):
+    /// the driver root is bind-mounted onto it, read-only, in the host's
+    /// mount namespace, so the mount propagates into those pods.
+    Mounted,
+}
+
+/// Makes the current driver root visible at `/run/nvidia/driver`
+/// ([`Exposure`]). With the host root at `/proc/1/root` the mount must
+/// happen in PID 1's mount namespace: a single-threaded child of this
+/// binary enters it (`setns` refuses multi-threaded callers) and mounts
+/// there; otherwise it happens here, on paths resolved inside the root.
+pub fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
     match fs.kind(RUN_NVIDIA_DRIVER)? {
-        // Already there.
         Some(Kind::Symlink) if fs.read_link(RUN_NVIDIA_DRIVER).is_ok_and(|t| t == current) => {
-            return Ok(true);
+            return Ok(Exposure::Linked);
         }
-        Some(Kind::Symlink) | None => {}
-        Some(_) => return Ok(false),
+        Some(Kind::Symlink) | None => {
+            fs.replace_symlink(RUN_NVIDIA_DRIVER, current)?;
+            return Ok(Exposure::Linked);
+        }
+        Some(Kind::Dir) => {}
+        Some(_) => {
+            return Err(Error::new(
+                Reason::Internal,
+                format!(
+                    "{} is neither a directory nor a link; not touched",
+                    fs.host().join(RUN_NVIDIA_DRIVER).display()
+                ),
+            ));
+        }
     }
-    fs.replace_symlink(RUN_NVIDIA_DRIVER, current)?;
-    Ok(true)
+    if fs.host().source() == crate::host::HostRootSource::Pid1Root {
+        let mut cmd = crate::process::command("/proc/self/exe");
+        cmd.args([
+            "--host-root",
+            "/",
+            "expose-driver-root",
+            "--mount-ns",
+            PID1_MOUNT_NS,
+        ]);
+        crate::process::run(&mut cmd, Reason::Internal)?;
+        return Ok(Exposure::Mounted);
+    }
+    bind_read_only(&fs.real_dir(current)?, &fs.real_dir(RUN_NVIDIA_DRIVER)?)?;
+    Ok(Exposure::Mounted)
+}
+
+/// PID 1's mount namespace: the host's, seen from a hostPID pod.
+pub const PID1_MOUNT_NS: &str = "/proc/1/ns/mnt";
+
+/// Enters the mount namespace at `ns`. Only a single-threaded process may
+/// (the `expose-driver-root` child calls it first thing).
+pub fn enter_mount_namespace(ns: &Path) -> Result<()> {
+    let file = fs::File::open(ns).map_err(|e| Error::io(Reason::Internal, "opening", ns, e))?;
+    nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| {
+        Error::new(
+            Reason::Internal,
+            format!("entering the mount namespace {}: {e}", ns.display()),
+        )
+        .with_hint("the installer needs CAP_SYS_ADMIN and hostPID to mount into the host")
+    })
+}
+
+/// Bind-mounts `src` onto `dst` read-only, replacing an earlier mount
+/// there (detached: pods still using files of the old root keep them).
+pub fn bind_read_only(src: &Path, dst: &Path) -> Result<()> {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    let failed = |what: &str, e: nix::Error| {
+        Error::new(
+            Reason::Internal,
+            format!("{what} {} on {}: {e}", src.display(), dst.display()),
+        )
+    };
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
+        Error::io(
+            Reason::Internal,
+            "reading",
+            Path::new("/proc/self/mountinfo"),
+            e,
+        )
+    })?;
+    if mount_points(&mountinfo).iter().any(|m| m == dst) {
+        umount2(dst, MntFlags::MNT_DETACH).map_err(|e| failed("detaching the mount below", e))?;
+    }
+    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(|e| failed("bind-mounting", e))?;
+    let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    mount(None::<&str>, dst, None::<&str>, ro, None::<&str>)
+        .map_err(|e| failed("making read-only", e))?;
+    Ok(())
+}
+
+/// The mount points of a `/proc/self/mountinfo` (field 5, with the
+/// kernel's octal escapes for space, tab, newline and backslash undone).
+pub fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| {
+            PathBuf::from(
+                p.replace("\\040", " ")
+                    .replace("\\011", "\t")
+                    .replace("\\012", "\n")
+                    .replace("\\134", "\\"),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -338,6 +437,22 @@ firmware/gsp_ga10x.bin 0644 FIRMWARE INHERIT_PATH_DEPTH:1 MODULE:nvidia
 ../../etc/evil 0755 UTILITY_BINARY MODULE:nvidia
 libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidia
 ";
+
+    #[test]
+    fn mount_points_come_from_mountinfo_with_escapes_undone() {
+        let text = "36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw\n\
+                    40 36 0:5 / /run/nvidia/driver ro shared:7 - tmpfs tmpfs rw\n\
+                    41 36 0:5 /x /a\\040b rw - tmpfs tmpfs rw\n";
+        let m = mount_points(text);
+        assert_eq!(
+            m,
+            vec![
+                PathBuf::from("/mnt/parent"),
+                PathBuf::from("/run/nvidia/driver"),
+                PathBuf::from("/a b")
+            ]
+        );
+    }
 
     #[test]
     fn parses_entries_and_skips_the_header() {

@@ -749,3 +749,78 @@ fn what_a_killed_install_left_is_removed_by_the_next_one() {
     assert_eq!(doc["status"]["reason"], "VermagicMismatch", "{doc}");
     assert!(!left.exists(), "the killed run's leftover is still there");
 }
+
+/// After a reboot NVIDIA's toolkit may create `/run/nvidia/driver` as an
+/// empty directory (hostPath `DirectoryOrCreate`) and hold it mounted
+/// before our Job runs. The driver root must then appear in that pod: a
+/// process in another mount namespace, holding a slave mount of the
+/// directory, sees it once the installer has run. Everything happens in
+/// namespaces of their own (unshare), so nothing is left mounted here.
+#[test]
+fn the_driver_root_appears_in_pods_already_holding_run_nvidia_driver() {
+    if !is_root() {
+        eprintln!("skipped: needs root (mount namespaces)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let host = tmp.path().join("host");
+    let pod_view = tmp.path().join("pod-view");
+    let work = tmp.path().join("w");
+    let root = host.join("var/lib/gpu-driver/drivers/v1");
+    fs::create_dir_all(root.join("usr/bin")).unwrap();
+    fs::write(root.join("usr/bin/nvidia-smi"), b"#!/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink("v1", host.join("var/lib/gpu-driver/drivers/current")).unwrap();
+    fs::create_dir_all(host.join("run/nvidia/driver")).unwrap();
+    fs::create_dir_all(&pod_view).unwrap();
+    fs::create_dir_all(&work).unwrap();
+    let script = r#"
+set -e
+mount --bind "$T" "$T"
+mount --make-rshared "$T"
+unshare --mount --propagation slave sh -c '
+  mount --bind "$T/run/nvidia/driver" "$P"
+  touch "$W/ready"
+  while [ ! -e "$W/go" ]; do sleep 0.05; done
+  ls "$P/usr/bin" > "$W/seen"
+' &
+while [ ! -e "$W/ready" ]; do sleep 0.05; done
+"$BIN" --host-root "$T" expose-driver-root
+touch "$W/go"
+wait
+if touch "$T/run/nvidia/driver/x" 2>/dev/null; then echo writable > "$W/ro"; else echo read-only > "$W/ro"; fi
+"$BIN" --host-root "$T" expose-driver-root
+grep -c " $T/run/nvidia/driver " /proc/self/mountinfo > "$W/mounts" || true
+"#;
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env("T", &host)
+        .env("P", &pod_view)
+        .env("W", &work)
+        .env("BIN", env!("CARGO_BIN_EXE_gpu-driver-installer"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = fs::read_to_string(work.join("seen")).unwrap();
+    assert_eq!(
+        seen.trim(),
+        "nvidia-smi",
+        "the pod did not see the driver root"
+    );
+    assert_eq!(
+        fs::read_to_string(work.join("ro")).unwrap().trim(),
+        "read-only"
+    );
+    // A second run replaces its mount instead of stacking another.
+    assert_eq!(fs::read_to_string(work.join("mounts")).unwrap().trim(), "1");
+    // Nothing leaked into this namespace.
+    assert!(
+        fs::read_dir(host.join("run/nvidia/driver"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
+}
