@@ -194,6 +194,12 @@ pub struct FetchArgs {
     /// Extra CA certificates (PEM) for private mirrors.
     #[arg(long, value_name = "PATH")]
     pub ca_bundle: Option<PathBuf>,
+    /// OpenPGP keyring (binary or armored) the kernel headers' apt
+    /// repository must be signed with, for a repository other than
+    /// Debian's or Garden Linux's (whose keys are shipped and used by
+    /// default).
+    #[arg(long, value_name = "PATH")]
+    pub apt_keyring: Option<PathBuf>,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]
@@ -434,6 +440,7 @@ fn with_fetch(cfg: Config, args: &FetchArgs) -> Config {
             read: Duration::from_secs(args.read_timeout),
         },
         ca_bundle: args.ca_bundle.clone(),
+        apt_keyring: args.apt_keyring.clone(),
     };
     cfg.cache = args.cache.config(args.allow_http);
     cfg
