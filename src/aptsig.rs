@@ -154,7 +154,9 @@ impl Keyring {
     pub fn from_file(path: &Path) -> Result<Keyring> {
         let bytes = std::fs::read(path)
             .map_err(|e| Error::io(Reason::InvalidArgument, "reading the apt keyring", path, e))?;
-        Keyring::parse(&path.display().to_string(), &bytes)
+        let mut ring = Keyring::parse(&path.display().to_string(), &bytes)?;
+        ring.name = format!("the keyring {}", path.display());
+        Ok(ring)
     }
 
     /// Parses OpenPGP public keys (binary or armored); `name` is for
@@ -340,11 +342,7 @@ fn check_signatures(
         return Ok(verified);
     }
     rejected.detail = if notes.is_empty() {
-        format!(
-            "no signature is by a key of {} (signed by {})",
-            keyring.name,
-            rejected.signers.join(", ")
-        )
+        format!("no signature is by a key of {}", keyring.name)
     } else {
         format!(
             "no signature verifies with {}: {}",
@@ -597,7 +595,6 @@ mod tests {
         let r = verify_inrelease(&signed, &test_keyring()).unwrap_err();
         assert!(!r.tampered);
         assert_eq!(r.signers, [UNKNOWN_FP]);
-        assert!(r.detail.contains(UNKNOWN_FP), "{}", r.detail);
     }
 
     #[test]

@@ -509,3 +509,37 @@ fn emit_raw(g: &GlobalArgs, text: &str) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apt_keyring_reaches_the_pipeline_config() {
+        let cli = Cli::try_parse_from([
+            "gpu-driver-installer",
+            "run",
+            "--apt-keyring",
+            "/etc/apt/keyrings/mirror.gpg",
+        ])
+        .unwrap();
+        let Command::Run(args) = &cli.command else {
+            panic!("not run: {:?}", cli.command);
+        };
+        let cfg = with_fetch(config(&cli.global), &args.fetch);
+        assert_eq!(
+            cfg.download.apt_keyring.as_deref(),
+            Some(Path::new("/etc/apt/keyrings/mirror.gpg"))
+        );
+        let cli = Cli::try_parse_from(["gpu-driver-installer", "run"]).unwrap();
+        let Command::Run(args) = &cli.command else {
+            panic!("not run");
+        };
+        assert_eq!(
+            with_fetch(config(&cli.global), &args.fetch)
+                .download
+                .apt_keyring,
+            None
+        );
+    }
+}
