@@ -1,20 +1,26 @@
 //! Reading an apt repository's index, as far as the installer needs it to
-//! find kernel header packages: `dists/<suite>/InRelease` (or `Release`),
-//! its `SHA256:` list, and the `Packages` index of each component for one
-//! architecture, downloaded through [`crate::fetch::fetch`] with the sha256
-//! the Release gives, so it is verified and cached like any package.
+//! find kernel header packages: `dists/<suite>/InRelease` (or `Release`
+//! with `Release.gpg`), its `SHA256:` list, and the `Packages` index of each
+//! component for one architecture, downloaded through [`crate::fetch::fetch`]
+//! with the sha256 the Release gives, so it is verified and cached like any
+//! package.
 //!
-//! **Trust.** The OpenPGP signature of `InRelease` is *not* verified: the
-//! armor is stripped and the inner Release parsed. Trust rests on HTTPS to
-//! the repository (plain HTTP only with `allow_http`) and on the sha256 chain
-//! from the Release to the `Packages` index to each `.deb`. Checking the
-//! signature would need an OpenPGP implementation and the repository's keys
-//! in the image; it is left for later.
+//! **Trust.** The Release's OpenPGP signature is verified
+//! ([`crate::aptsig`]) before anything in it is used, and only the signed
+//! text is parsed: with the keyring shipped for the repository (Debian's
+//! archive keys, or Garden Linux's for its repository), or the keyring file
+//! the source names (`--apt-keyring`). A repository with neither a valid
+//! `InRelease` nor a `Release` with a valid `Release.gpg` is refused with
+//! `SignatureInvalid`; unsigned repositories are not supported. From the
+//! Release on, the sha256 chain (Release → `Packages` → each `.deb`)
+//! carries the trust.
 
 use std::cmp::Ordering;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
 
+use crate::aptsig::{self, Builtin, Keyring, Rejected, Verified};
 use crate::error::{Error, Result};
 use crate::fetch::{self, FetchOptions};
 use crate::report::Reason;
@@ -35,6 +41,9 @@ pub struct AptSource {
     pub components: Vec<String>,
     /// Debian architecture name, e.g. `amd64`.
     pub architecture: String,
+    /// The OpenPGP keyring the Release must be signed with. `None`: the one
+    /// shipped for the repository ([`Builtin::for_repository`]).
+    pub keyring: Option<PathBuf>,
 }
 
 impl AptSource {
@@ -45,6 +54,22 @@ impl AptSource {
             suite: suite.to_string(),
             components: vec!["main".to_string()],
             architecture: "amd64".to_string(),
+            keyring: None,
+        }
+    }
+
+    /// The same source with its Release checked against `keyring` (a
+    /// keyring file) instead of the shipped one; `None` keeps the shipped.
+    pub fn with_keyring(mut self, keyring: Option<PathBuf>) -> Self {
+        self.keyring = keyring;
+        self
+    }
+
+    /// The keys this source's Release must be signed with.
+    pub fn trusted_keys(&self) -> Result<Keyring> {
+        match &self.keyring {
+            Some(path) => Keyring::from_file(path),
+            None => Keyring::builtin(Builtin::for_repository(&self.repository)),
         }
     }
 
@@ -239,9 +264,11 @@ pub fn read_index(
     })
 }
 
-/// Fetches `dists/<suite>/InRelease`, falling back to `Release` when the
-/// repository has no InRelease. Returns the URL used and the parsed Release.
-/// The signature is not checked (see the module documentation).
+/// Fetches `dists/<suite>/InRelease`, falling back to `Release` with
+/// `Release.gpg` when the repository has no InRelease, verifies its
+/// signature with the source's keyring and parses the signed text. Returns
+/// the URL used and the parsed Release. A signature that does not verify,
+/// or a Release without one, is `SignatureInvalid`.
 pub fn fetch_release(source: &AptSource, opts: &FetchOptions) -> Result<(String, Release)> {
     if opts.offline {
         return Err(Error::new(
@@ -253,22 +280,41 @@ pub fn fetch_release(source: &AptSource, opts: &FetchOptions) -> Result<(String,
         )
         .with_hint("install the kernel headers on the host, or run online once"));
     }
-    let mut tried = Vec::new();
-    for name in ["InRelease", "Release"] {
-        let url = source.dists_url(name);
-        match fetch_small_text(opts, &url)? {
-            Some(text) => {
-                let body = strip_clearsign(&text).map_err(|e| {
-                    Error::new(Reason::ArchiveInvalid, format!("{url}: {}", e.message))
-                })?;
-                let release = parse_release(&body)
-                    .map_err(|e| Error::new(e.reason, format!("{url}: {}", e.message)))?;
-                return Ok((url, release));
-            }
-            None => tried.push(url),
-        }
-    }
-    Err(Error::new(
+    // Before the network: a bad --apt-keyring fails without a download.
+    let keyring = source.trusted_keys()?;
+    let inrelease = source.dists_url("InRelease");
+    let (url, verified) = if let Some(bytes) = fetch_small(opts, &inrelease)? {
+        let text = utf8(&inrelease, bytes)?;
+        let verified = aptsig::verify_inrelease(&text, &keyring)
+            .map_err(|r| signature_error(source, &inrelease, &keyring, r))?;
+        (inrelease, verified)
+    } else {
+        let url = source.dists_url("Release");
+        let Some(release) = fetch_small(opts, &url)? else {
+            return Err(no_suite(source, &[inrelease, url]));
+        };
+        let sig_url = source.dists_url("Release.gpg");
+        let Some(sig) = fetch_small(opts, &sig_url)? else {
+            return Err(unsigned(source, &url, &sig_url));
+        };
+        let verified = aptsig::verify_detached(&release, &sig, &keyring)
+            .map_err(|r| signature_error(source, &sig_url, &keyring, r))?;
+        (url, verified)
+    };
+    let Verified { text, signers } = verified;
+    tracing::info!("{url}: signature by {} verified", signers.join(", "));
+    let release =
+        parse_release(&text).map_err(|e| Error::new(e.reason, format!("{url}: {}", e.message)))?;
+    Ok((url, release))
+}
+
+fn utf8(url: &str, bytes: Vec<u8>) -> Result<String> {
+    String::from_utf8(bytes)
+        .map_err(|_| Error::new(Reason::ArchiveInvalid, format!("{url} is not UTF-8")))
+}
+
+fn no_suite(source: &AptSource, tried: &[String]) -> Error {
+    Error::new(
         Reason::KernelHeadersNotFound,
         format!(
             "{} has no suite {}: {} answered 404",
@@ -280,7 +326,48 @@ pub fn fetch_release(source: &AptSource, opts: &FetchOptions) -> Result<(String,
     .with_hint(format!(
         "check the repository URL and that it publishes suite {} (for Garden Linux, the node's exact version)",
         source.suite
-    )))
+    ))
+}
+
+fn unsigned(source: &AptSource, release_url: &str, sig_url: &str) -> Error {
+    Error::new(
+        Reason::SignatureInvalid,
+        format!(
+            "{} suite {} is not signed: no InRelease, and {sig_url} answered 404 for {release_url}; \
+             unsigned repositories are refused",
+            source.repository, source.suite
+        ),
+    )
+    .with_hint("sign the repository (InRelease, or Release.gpg) and pass its key with --apt-keyring")
+}
+
+/// The message for a refused signature: repository, suite, the keys that
+/// signed it, and what to do.
+fn signature_error(source: &AptSource, url: &str, keyring: &Keyring, r: Rejected) -> Error {
+    let signed_by = if r.signers.is_empty() {
+        String::new()
+    } else {
+        format!(" (signed by {})", r.signers.join(", "))
+    };
+    let err = Error::new(
+        Reason::SignatureInvalid,
+        format!(
+            "{url}: the Release of {} suite {} has no valid signature{signed_by}: {}",
+            source.repository, source.suite, r.detail
+        ),
+    );
+    if r.tampered {
+        return err.with_hint(
+            "a trusted key's signature does not match the text: the file was changed after \
+             signing (a broken mirror or proxy, or tampering); do not trust another key for it",
+        );
+    }
+    err.with_hint(format!(
+        "if {} is signed by another key, pass that key with --apt-keyring PATH \
+         (an OpenPGP keyring, binary or armored; trusted now: {})",
+        source.repository,
+        keyring.fingerprints().join(", ")
+    ))
 }
 
 /// The Packages index files tried, most compact first, as apt does.
@@ -362,10 +449,10 @@ pub fn download_options(base: &FetchOptions, url: &str, sha256: &str) -> FetchOp
     }
 }
 
-/// GETs a small text under the fetch policy (HTTPS unless allowed, retries
+/// GETs a small file under the fetch policy (HTTPS unless allowed, retries
 /// on network errors, 408, 429 and 5xx). `None` on 404/410: the file does
 /// not exist, which for InRelease is normal.
-fn fetch_small_text(opts: &FetchOptions, url: &str) -> Result<Option<String>> {
+fn fetch_small(opts: &FetchOptions, url: &str) -> Result<Option<Vec<u8>>> {
     fetch::check_url(url, opts.allow_http)?;
     let agent = fetch::agent(opts)?;
     let mut last = String::new();
@@ -384,11 +471,7 @@ fn fetch_small_text(opts: &FetchOptions, url: &str) -> Result<Option<String>> {
                                 format!("{url} is larger than {MAX_RELEASE_BYTES} bytes"),
                             ));
                         }
-                        Ok(_) => {
-                            return String::from_utf8(buf).map(Some).map_err(|_| {
-                                Error::new(Reason::ArchiveInvalid, format!("{url} is not UTF-8"))
-                            });
-                        }
+                        Ok(_) => return Ok(Some(buf)),
                         Err(e) => last = format!("reading the body: {}", fetch::describe(&e)),
                     }
                 }
@@ -413,37 +496,6 @@ fn fetch_small_text(opts: &FetchOptions, url: &str) -> Result<Option<String>> {
         ),
     )
     .with_hint("check the network, HTTPS_PROXY/NO_PROXY"))
-}
-
-/// The signed text of a clearsigned message (`InRelease`), with dash-escaping
-/// undone; any other text is returned as it is (a plain `Release`). The
-/// signature itself is dropped unchecked.
-pub fn strip_clearsign(text: &str) -> Result<String> {
-    let mut lines = text.lines();
-    let Some(first) = lines.by_ref().find(|l| !l.trim().is_empty()) else {
-        return Ok(String::new());
-    };
-    if first.trim_end() != "-----BEGIN PGP SIGNED MESSAGE-----" {
-        return Ok(text.to_string());
-    }
-    // Armor headers ("Hash: SHA512") up to the first empty line.
-    for l in lines.by_ref() {
-        if l.trim().is_empty() {
-            break;
-        }
-    }
-    let mut body = String::new();
-    for l in lines {
-        if l.trim_end() == "-----BEGIN PGP SIGNATURE-----" {
-            return Ok(body);
-        }
-        body.push_str(l.strip_prefix("- ").unwrap_or(l));
-        body.push('\n');
-    }
-    Err(Error::new(
-        Reason::ArchiveInvalid,
-        "clearsigned message without its signature block (truncated?)",
-    ))
 }
 
 /// A deb822 paragraph as (field, value) pairs; continuation lines are
@@ -486,7 +538,7 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// Parses a (clearsign-stripped) Release file.
+/// Parses a Release file (the signed text of an InRelease).
 pub fn parse_release(text: &str) -> Result<Release> {
     let lines: Vec<String> = text
         .lines()
@@ -838,26 +890,33 @@ mod tests {
     }
 
     #[test]
-    fn clearsigned_release_is_unwrapped() {
+    fn release_is_parsed() {
         let sum = "a".repeat(64);
-        let signed = format!(
-            "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA512\n\nOrigin: Debian\nCodename: bookworm\n\
-             Components: main contrib\nArchitectures: all amd64\nSHA256:\n {sum}  1234 main/binary-amd64/Packages.xz\n\
-             - -dash escaped\n-----BEGIN PGP SIGNATURE-----\n\nabc\n-----END PGP SIGNATURE-----\n"
+        let text = format!(
+            "Origin: Debian\nCodename: bookworm\nComponents: main contrib\nArchitectures: all amd64\n\
+             SHA256:\n {sum}  1234 main/binary-amd64/Packages.xz\n"
         );
-        let body = strip_clearsign(&signed).unwrap();
-        assert!(body.contains("Codename: bookworm\n"), "{body}");
-        assert!(body.ends_with("-dash escaped\n"), "{body}");
-        assert!(!body.contains("PGP"), "{body}");
-        let r =
-            parse_release(body.lines().take(6).collect::<Vec<_>>().join("\n").as_str()).unwrap();
+        let r = parse_release(&text).unwrap();
         assert_eq!(r.codename.as_deref(), Some("bookworm"));
         assert_eq!(r.components, ["main", "contrib"]);
         let f = r.file("main/binary-amd64/Packages.xz").unwrap();
         assert_eq!((f.size, f.sha256.as_str()), (1234, sum.as_str()));
-        assert!(strip_clearsign("-----BEGIN PGP SIGNED MESSAGE-----\nHash: x\n\nA: b\n").is_err());
-        assert_eq!(strip_clearsign("Origin: x\n").unwrap(), "Origin: x\n");
         assert!(parse_release("Origin: x\n").is_err());
+    }
+
+    #[test]
+    fn a_real_debian_inrelease_is_verified_and_parsed() {
+        let inrelease = include_str!("../tests/fixtures/apt/debian-bookworm-InRelease");
+        let keyring = Keyring::builtin(Builtin::Debian).unwrap();
+        let v = aptsig::verify_inrelease(inrelease, &keyring).unwrap();
+        let r = parse_release(&v.text).unwrap();
+        assert_eq!(r.codename.as_deref(), Some("bookworm"));
+        assert!(r.components.iter().any(|c| c == "main"));
+        assert!(r.file("main/binary-amd64/Packages.xz").is_some());
+        // The shipped keyring is the default for deb.debian.org.
+        let source = AptSource::new("https://deb.debian.org/debian", "bookworm");
+        let v = aptsig::verify_inrelease(inrelease, &source.trusted_keys().unwrap()).unwrap();
+        assert_eq!(v.signers.len(), 3);
     }
 
     #[test]

@@ -233,6 +233,12 @@ pub struct FetchArgs {
     /// Extra CA certificates (PEM) for private mirrors.
     #[arg(long, value_name = "PATH")]
     pub ca_bundle: Option<PathBuf>,
+    /// OpenPGP keyring (binary or armored) the kernel headers' apt
+    /// repository must be signed with, for a repository other than
+    /// Debian's or Garden Linux's (whose keys are shipped and used by
+    /// default).
+    #[arg(long, value_name = "PATH")]
+    pub apt_keyring: Option<PathBuf>,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]
@@ -495,6 +501,7 @@ fn with_fetch(cfg: Config, args: &FetchArgs) -> Config {
             max_bytes: args.max_download_size.saturating_mul(1 << 20),
         },
         ca_bundle: args.ca_bundle.clone(),
+        apt_keyring: args.apt_keyring.clone(),
     };
     cfg.cache = args.cache.config(args.allow_http);
     cfg
@@ -561,5 +568,39 @@ fn emit_raw(g: &GlobalArgs, text: &str) -> Result<()> {
                 .and_then(|()| out.flush())
                 .map_err(|e| Error::io(Reason::Internal, "writing", Path::new("<stdout>"), e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apt_keyring_reaches_the_pipeline_config() {
+        let cli = Cli::try_parse_from([
+            "gpu-driver-installer",
+            "run",
+            "--apt-keyring",
+            "/etc/apt/keyrings/mirror.gpg",
+        ])
+        .unwrap();
+        let Command::Run(args) = &cli.command else {
+            panic!("not run: {:?}", cli.command);
+        };
+        let cfg = with_fetch(config(&cli.global), &args.fetch);
+        assert_eq!(
+            cfg.download.apt_keyring.as_deref(),
+            Some(Path::new("/etc/apt/keyrings/mirror.gpg"))
+        );
+        let cli = Cli::try_parse_from(["gpu-driver-installer", "run"]).unwrap();
+        let Command::Run(args) = &cli.command else {
+            panic!("not run");
+        };
+        assert_eq!(
+            with_fetch(config(&cli.global), &args.fetch)
+                .download
+                .apt_keyring,
+            None
+        );
     }
 }

@@ -93,6 +93,9 @@ pub enum Reason {
     ChecksumMismatch,
     /// No trusted checksum is known for the package.
     ChecksumMissing,
+    /// An apt repository's `InRelease` (or `Release` with `Release.gpg`)
+    /// carries no OpenPGP signature that verifies with a trusted key.
+    SignatureInvalid,
     /// `--offline` and the package is not in the cache.
     NotCached,
     /// A plain `http://` URL without `--allow-http`.
@@ -191,6 +194,7 @@ impl Reason {
         Reason::DownloadFailed,
         Reason::ChecksumMismatch,
         Reason::ChecksumMissing,
+        Reason::SignatureInvalid,
         Reason::NotCached,
         Reason::InsecureUrl,
         Reason::ArchiveInvalid,
@@ -240,6 +244,7 @@ impl Reason {
             Reason::DownloadFailed
             | Reason::ChecksumMismatch
             | Reason::ChecksumMissing
+            | Reason::SignatureInvalid
             | Reason::NotCached
             | Reason::InsecureUrl
             | Reason::ArchiveInvalid
@@ -290,6 +295,7 @@ impl Reason {
             Reason::DownloadFailed => "DownloadFailed",
             Reason::ChecksumMismatch => "ChecksumMismatch",
             Reason::ChecksumMissing => "ChecksumMissing",
+            Reason::SignatureInvalid => "SignatureInvalid",
             Reason::NotCached => "NotCached",
             Reason::InsecureUrl => "InsecureUrl",
             Reason::ArchiveInvalid => "ArchiveInvalid",

@@ -5,6 +5,7 @@
 //! `docs/architecture.md`.
 
 pub mod apt;
+pub mod aptsig;
 pub mod artifact;
 pub mod build;
 pub mod cache;

@@ -74,6 +74,9 @@ pub struct Download {
     pub retry: RetryPolicy,
     pub timeouts: Timeouts,
     pub ca_bundle: Option<PathBuf>,
+    /// The keyring the headers' apt repository must be signed with;
+    /// `None`: the one shipped for the repository.
+    pub apt_keyring: Option<PathBuf>,
 }
 
 /// How modules are loaded.
@@ -374,9 +377,13 @@ fn headers_for(cfg: &Config, h: &resolve::Headers, release: &str) -> Result<Opti
                         .join(format!("linux-headers-{release}")),
                 ));
             }
-            crate::headers::fetch_headers(
+            let source = crate::apt::AptSource::new(
                 h.repository.as_deref().unwrap_or_default(),
                 h.suite.as_deref().unwrap_or_default(),
+            )
+            .with_keyring(cfg.download.apt_keyring.clone());
+            crate::headers::fetch_headers_from(
+                &source,
                 release,
                 &cfg.confined_fetch_options()?,
                 &scratch,

@@ -24,7 +24,8 @@ use std::time::Duration;
 use gpu_driver::Reason;
 use gpu_driver::apt::{self, AptSource};
 use gpu_driver::fetch::{FetchOptions, RetryPolicy, Timeouts};
-use gpu_driver::headers::{HeadersTree, fetch_headers};
+use gpu_driver::headers::{HeadersTree, fetch_headers, fetch_headers_from};
+use support::aptsign::{self, TEST_FP, UNKNOWN_FP};
 use support::http::{Reply, Server, sha256_hex};
 
 const SUITE: &str = "bookworm";
@@ -49,6 +50,12 @@ fn test_data() -> PathBuf {
     dir
 }
 
+/// The repository at `url`, its Release checked against the test key (the
+/// test repositories are signed with it, see [`Repo::real`]).
+fn signed_source(url: &str, suite: &str) -> AptSource {
+    AptSource::new(url, suite).with_keyring(Some(aptsign::test_keyring()))
+}
+
 /// The real repository on disk, plus per-test changes: paths answered with
 /// other bytes, or with 404.
 struct Repo {
@@ -65,10 +72,16 @@ impl Repo {
             .unwrap()
             .trim()
             .to_string();
+        let dir = data.join("apt-bookworm");
+        // scripts/fetch-test-data signs with a throwaway key; re-signed here
+        // with the committed test key the tests trust.
+        let text = fs::read_to_string(dir.join("dists/bookworm/Release")).unwrap();
+        let mut overrides = HashMap::new();
+        overrides.insert("dists/bookworm/InRelease".into(), aptsign::clearsign(&text));
         Repo {
-            dir: data.join("apt-bookworm"),
+            dir,
             release,
-            overrides: HashMap::new(),
+            overrides,
             missing: Vec::new(),
         }
     }
@@ -90,7 +103,8 @@ impl Repo {
 
     /// Replaces the index with `packages` (a Packages text) published as the
     /// given index files, and a Release listing exactly those; served as
-    /// Release only (no InRelease), as a repository without signing would.
+    /// Release with a detached Release.gpg (no InRelease), as older
+    /// repositories are signed.
     fn reindex(&mut self, packages: &str, names: &[&str]) {
         let mut release = format!(
             "Origin: test\nSuite: {SUITE}\nCodename: {SUITE}\nComponents: main\nArchitectures: amd64\nSHA256:\n"
@@ -123,8 +137,13 @@ impl Repo {
                 self.missing.push(format!("{INDEX_DIR}/{name}"));
             }
         }
+        self.overrides.insert(
+            "dists/bookworm/Release.gpg".into(),
+            aptsign::detach_sign(release.as_bytes()),
+        );
         self.overrides
             .insert("dists/bookworm/Release".into(), release.into_bytes());
+        self.overrides.remove("dists/bookworm/InRelease");
         self.missing.push("dists/bookworm/InRelease".into());
     }
 
@@ -287,9 +306,8 @@ fn real_headers_are_found_verified_and_unpacked() {
     let cache = tempfile::tempdir().unwrap();
     let scratch = tempfile::tempdir().unwrap();
     let root = scratch.path().join("root");
-    let tree = fetch_headers(
-        &server.url(""),
-        SUITE,
+    let tree = fetch_headers_from(
+        &signed_source(&server.url(""), SUITE),
         &repo.release,
         &options(cache.path()),
         &root,
@@ -330,9 +348,8 @@ fn real_headers_are_found_verified_and_unpacked() {
     }
 
     // A non-empty scratch root is refused, the existing tree untouched.
-    let err = fetch_headers(
-        &server.url(""),
-        SUITE,
+    let err = fetch_headers_from(
+        &signed_source(&server.url(""), SUITE),
         &repo.release,
         &options(cache.path()),
         &root,
@@ -353,9 +370,8 @@ fn unpacked_headers_build_a_kernel_module() {
     let scratch = tempfile::tempdir().unwrap();
     // The tree is built in one place and used from another: nothing in it
     // may depend on where it was unpacked.
-    let tree = fetch_headers(
-        &server.url(""),
-        SUITE,
+    let tree = fetch_headers_from(
+        &signed_source(&server.url(""), SUITE),
         &repo.release,
         &options(cache.path()),
         &scratch.path().join("unpacked"),
@@ -411,9 +427,8 @@ fn a_tampered_deb_is_a_checksum_mismatch() {
     let cache = tempfile::tempdir().unwrap();
     let scratch = tempfile::tempdir().unwrap();
     let root = scratch.path().join("root");
-    let err = fetch_headers(
-        &server.url(""),
-        SUITE,
+    let err = fetch_headers_from(
+        &signed_source(&server.url(""), SUITE),
         &release,
         &options(cache.path()),
         &root,
@@ -436,9 +451,8 @@ fn a_missing_package_is_kernel_headers_not_found() {
     let cache = tempfile::tempdir().unwrap();
     let scratch = tempfile::tempdir().unwrap();
     let url = server.url("");
-    let err = fetch_headers(
-        &url,
-        SUITE,
+    let err = fetch_headers_from(
+        &signed_source(&url, SUITE),
         "6.1.0-999-cloud-amd64",
         &options(cache.path()),
         &scratch.path().join("root"),
@@ -461,9 +475,8 @@ fn a_missing_package_is_kernel_headers_not_found() {
     );
 
     // A suite the repository does not have.
-    let err = fetch_headers(
-        &url,
-        "1592.4",
+    let err = fetch_headers_from(
+        &signed_source(&url, "1592.4"),
         "6.1.0-50-cloud-amd64",
         &options(cache.path()),
         &scratch.path().join("root"),
@@ -482,7 +495,7 @@ fn release_without_inrelease_and_index_fallback_to_gz() {
     let (server, _repo) = repo.serve();
     let cache = tempfile::tempdir().unwrap();
     // A trailing slash on the repository URL is fine.
-    let source = AptSource::new(&server.url("/"), SUITE);
+    let source = signed_source(&server.url("/"), SUITE);
     let index = apt::read_index(&source, &options(cache.path()), &mut |_: &str| true).unwrap();
     assert_eq!(index.release_url, server.url("/dists/bookworm/Release"));
     assert_eq!(
@@ -500,6 +513,7 @@ fn release_without_inrelease_and_index_fallback_to_gz() {
         [
             "/dists/bookworm/InRelease".to_string(),
             "/dists/bookworm/Release".to_string(),
+            "/dists/bookworm/Release.gpg".to_string(),
             format!("/{INDEX_DIR}/Packages.gz"),
         ]
     );
@@ -515,7 +529,7 @@ fn index_prefers_xz_and_falls_back_when_it_cannot_be_fetched() {
     repo.missing.push(format!("{INDEX_DIR}/Packages.xz"));
     let (server, _repo) = repo.serve();
     let cache = tempfile::tempdir().unwrap();
-    let source = AptSource::new(&server.url(""), SUITE);
+    let source = signed_source(&server.url(""), SUITE);
     let index = apt::read_index(&source, &options(cache.path()), &mut |_: &str| true).unwrap();
     assert_eq!(
         index.index_urls,
@@ -533,7 +547,7 @@ fn index_prefers_xz_and_falls_back_when_it_cannot_be_fetched() {
             .into_bytes(),
     );
     let (server, _repo) = repo.serve();
-    let source = AptSource::new(&server.url(""), SUITE);
+    let source = signed_source(&server.url(""), SUITE);
     let err = apt::read_index(&source, &options(cache.path()), &mut |_: &str| true).unwrap_err();
     assert_eq!(err.reason, Reason::ChecksumMismatch, "{err}");
 }
@@ -561,9 +575,8 @@ fn a_malformed_deb_is_archive_invalid() {
     let cache = tempfile::tempdir().unwrap();
     let scratch = tempfile::tempdir().unwrap();
     let root = scratch.path().join("root");
-    let err = fetch_headers(
-        &server.url(""),
-        SUITE,
+    let err = fetch_headers_from(
+        &signed_source(&server.url(""), SUITE),
         &release,
         &options(cache.path()),
         &root,
@@ -629,4 +642,172 @@ fn deb_reader_refuses_malformed_ar_archives() {
         fs::read_link(&build).unwrap(),
         Path::new(&format!("../../../usr/src/linux-headers-{}", repo.release))
     );
+}
+
+// ------------------------------------------------------------- signatures
+
+/// Reads the index of `repo` with `source`'s keyring; the error.
+fn index_error(repo: Repo, source: impl Fn(&str) -> AptSource) -> (gpu_driver::Error, Server) {
+    let (server, _repo) = repo.serve();
+    let cache = tempfile::tempdir().unwrap();
+    let err = apt::read_index(
+        &source(&server.url("")),
+        &options(cache.path()),
+        &mut |_: &str| true,
+    )
+    .unwrap_err();
+    (err, server)
+}
+
+fn assert_nothing_but_the_release_read(server: &Server) {
+    let log = requested(server);
+    assert!(
+        log.iter()
+            .all(|p| p.starts_with("/dists/bookworm/") && !p.contains("Packages")),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_tampered_inrelease_is_signature_invalid() {
+    // One byte of the Release text changed, the test key's signature kept.
+    let mut repo = Repo::real();
+    let signed = String::from_utf8(repo.overrides["dists/bookworm/InRelease"].clone()).unwrap();
+    let sum = signed
+        .lines()
+        .find(|l| l.ends_with("main/binary-amd64/Packages.xz"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let mut evil = sum.clone().into_bytes();
+    evil[0] = if evil[0] == b'0' { b'1' } else { b'0' };
+    let tampered = signed.replacen(&sum, std::str::from_utf8(&evil).unwrap(), 1);
+    assert_ne!(tampered, signed);
+    repo.overrides
+        .insert("dists/bookworm/InRelease".into(), tampered.into_bytes());
+    let (err, server) = index_error(repo, |u| signed_source(u, SUITE));
+    assert_eq!(err.reason, Reason::SignatureInvalid, "{err}");
+    for needle in [
+        server.url("/dists/bookworm/InRelease").as_str(),
+        "suite bookworm",
+        TEST_FP,
+        "does not verify",
+        "changed after signing",
+    ] {
+        assert!(err.message.contains(needle), "{needle:?} not in: {err}");
+    }
+    assert_nothing_but_the_release_read(&server);
+}
+
+#[test]
+fn an_inrelease_by_an_unknown_key_is_signature_invalid() {
+    let mut repo = Repo::real();
+    let text = String::from_utf8(repo.read("dists/bookworm/Release")).unwrap();
+    repo.overrides.insert(
+        "dists/bookworm/InRelease".into(),
+        aptsign::clearsign_unknown(&text),
+    );
+    let (err, server) = index_error(repo, |u| signed_source(u, SUITE));
+    assert_eq!(err.reason, Reason::SignatureInvalid, "{err}");
+    for needle in [
+        server.url("").as_str(),
+        "suite bookworm",
+        UNKNOWN_FP,
+        "--apt-keyring",
+        TEST_FP,
+    ] {
+        assert!(err.message.contains(needle), "{needle:?} not in: {err}");
+    }
+    assert_nothing_but_the_release_read(&server);
+}
+
+#[test]
+fn the_shipped_keyring_does_not_trust_the_test_repository() {
+    // Without a keyring of its own, a repository outside Garden Linux is
+    // checked against Debian's archive keys: the test key is not one.
+    let (err, _server) = index_error(Repo::real(), |u| AptSource::new(u, SUITE));
+    assert_eq!(err.reason, Reason::SignatureInvalid, "{err}");
+    assert!(err.message.contains("Debian's archive keyring"), "{err}");
+    assert!(err.message.contains(TEST_FP), "{err}");
+    // fetch_headers (no keyring given) goes the same way.
+    let (server, repo) = Repo::real().serve();
+    let cache = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let err = fetch_headers(
+        &server.url(""),
+        SUITE,
+        &repo.release,
+        &options(cache.path()),
+        &scratch.path().join("root"),
+    )
+    .unwrap_err();
+    assert_eq!(err.reason, Reason::SignatureInvalid, "{err}");
+}
+
+#[test]
+fn a_release_without_release_gpg_is_refused() {
+    let mut repo = Repo::real();
+    let packages = repo.packages_text();
+    repo.reindex(&packages, &["Packages.xz"]);
+    repo.overrides.remove("dists/bookworm/Release.gpg");
+    repo.missing.push("dists/bookworm/Release.gpg".into());
+    let (err, server) = index_error(repo, |u| signed_source(u, SUITE));
+    assert_eq!(err.reason, Reason::SignatureInvalid, "{err}");
+    assert!(err.message.contains("not signed"), "{err}");
+    assert!(err.message.contains("Release.gpg"), "{err}");
+    assert_nothing_but_the_release_read(&server);
+
+    // A Release.gpg for other bytes (the Release changed after signing).
+    let mut repo = Repo::real();
+    repo.reindex(&packages, &["Packages.xz"]);
+    let release = repo.overrides["dists/bookworm/Release"].clone();
+    let other = String::from_utf8(release)
+        .unwrap()
+        .replacen("Origin: test", "Origin: tesT", 1);
+    repo.overrides
+        .insert("dists/bookworm/Release".into(), other.into_bytes());
+    let (err, _server) = index_error(repo, |u| signed_source(u, SUITE));
+    assert_eq!(err.reason, Reason::SignatureInvalid, "{err}");
+    assert!(err.message.contains("Release.gpg"), "{err}");
+}
+
+#[test]
+fn a_real_debian_inrelease_verifies_with_the_shipped_keyring() {
+    // Captured from deb.debian.org (bookworm, signed by the bookworm and
+    // trixie archive keys and the bookworm release key), served on
+    // loopback; the shipped keyring is the default.
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/apt/debian-bookworm-InRelease");
+    let inrelease = fs::read(&fixture).unwrap();
+    let server = Server::start(move |req| {
+        if req.path() == "/debian/dists/bookworm/InRelease" {
+            Reply::Full(200, vec![], inrelease.clone())
+        } else {
+            Reply::Full(404, vec![], b"not found".to_vec())
+        }
+    });
+    let cache = tempfile::tempdir().unwrap();
+    let source = AptSource::new(&server.url("/debian"), "bookworm");
+    let (url, release) = apt::fetch_release(&source, &options(cache.path())).unwrap();
+    assert_eq!(url, server.url("/debian/dists/bookworm/InRelease"));
+    assert_eq!(release.codename.as_deref(), Some("bookworm"));
+    assert!(release.file("main/binary-amd64/Packages.xz").is_some());
+
+    // The same file with a keyring that lacks Debian's keys is refused,
+    // naming the keys that did sign it.
+    let err = apt::fetch_release(
+        &source.clone().with_keyring(Some(aptsign::test_keyring())),
+        &options(cache.path()),
+    )
+    .unwrap_err();
+    assert_eq!(err.reason, Reason::SignatureInvalid, "{err}");
+    for fp in [
+        "4CB50190207B4758A3F73A796ED0E7B82643E131",
+        "B8E5F13176D2A7A75220028078DBA3BC47EF2265",
+        "4D64FEC119C2029067D6E791F8D2585B8783D481",
+    ] {
+        assert!(err.message.contains(fp), "{fp} not in: {err}");
+    }
 }

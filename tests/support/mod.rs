@@ -1,2 +1,3 @@
+pub mod aptsign;
 pub mod cluster;
 pub mod http;
