@@ -594,8 +594,8 @@ fn without_url_the_plan_package_is_fetched_with_its_plan_errors() {
     let r = fetch(dir.path(), &["--host-root", root.to_str().unwrap()], &[]);
     assert_eq!(r.doc["status"]["reason"], "NoGpu");
     assert_eq!(r.code, 3);
-    // A GPU node: the plan's URL is HTTPS at NVIDIA, and offline there is no
-    // checksum to trust (the catalog knows none): ChecksumMissing, no network.
+    // A GPU node: the plan's URL is HTTPS at NVIDIA with the catalog's
+    // digest, and offline the package is not cached: NotCached, no network.
     let root =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hosts/gardenlinux-1592-t4");
     let r = fetch(
@@ -603,10 +603,11 @@ fn without_url_the_plan_package_is_fetched_with_its_plan_errors() {
         &["--host-root", root.to_str().unwrap(), "--offline"],
         &[],
     );
-    assert_eq!(r.doc["status"]["reason"], "ChecksumMissing", "{}", r.doc);
+    assert_eq!(r.doc["status"]["reason"], "NotCached", "{}", r.doc);
+    assert_eq!(r.doc["status"]["checksumSource"], "catalog", "{}", r.doc);
     assert_eq!(
         r.doc["spec"]["url"],
-        "https://us.download.nvidia.com/tesla/570.195.03/NVIDIA-Linux-x86_64-570.195.03.run"
+        "https://download.nvidia.com/XFree86/Linux-x86_64/570.211.01/NVIDIA-Linux-x86_64-570.211.01.run"
     );
     // With a checksum given and the file pre-seeded, offline succeeds.
     let body = b"pre-seeded package";
