@@ -214,11 +214,38 @@ fn install_base(c: &Cluster) {
     c.apply(&repo_file("deploy/rbac.yaml"));
 }
 
+/// Every YAML file under `dir`, recursively, sorted.
+fn yaml_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            yaml_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+            out.push(p);
+        }
+    }
+    out.sort();
+}
+
+/// Every manifest shipped under deploy/ (examples and NVIDIA's side
+/// included), and the kustomization's rendering, pass a server-side dry run
+/// on a real apiserver: its schemas, defaulting and admission. The CRD and
+/// RBAC are applied first, so the GpuDriver example meets its CRD. Helm
+/// values files are not manifests (tests/operator_manifests.rs checks them
+/// against the charts they are for).
 #[test]
 fn manifests_are_accepted_by_the_apiserver() {
     let Some(c) = Cluster::start() else { return };
     install_base(&c);
-    for f in ["deploy/operator.yaml", "deploy/examples/gpudriver.yaml"] {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    yaml_files(&root.join("deploy"), &mut files);
+    let mut checked = Vec::new();
+    for path in &files {
+        let f = path.strip_prefix(root).unwrap().to_str().unwrap();
+        if f.ends_with("-values.yaml") || f == "deploy/kustomization.yaml" {
+            continue;
+        }
         let out = c.kubectl_output(
             &["apply", "--dry-run=server", "-f", "-"],
             Some(&repo_file(f)),
@@ -228,20 +255,22 @@ fn manifests_are_accepted_by_the_apiserver() {
             "{f}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        checked.push(f.to_string());
+    }
+    for want in [
+        "deploy/operator.yaml",
+        "deploy/job-template.yaml",
+        "deploy/examples/gpudriver.yaml",
+        "deploy/examples/cuda-vectoradd.yaml",
+    ] {
+        assert!(
+            checked.iter().any(|f| f == want),
+            "{want} not checked: {checked:?}"
+        );
     }
     // The kustomization renders, and what it renders is accepted.
     let rendered = c.kubectl(&["kustomize", concat!(env!("CARGO_MANIFEST_DIR"), "/deploy")]);
     let out = c.kubectl_output(&["apply", "--dry-run=server", "-f", "-"], Some(&rendered));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The Job template is a valid Job for this apiserver.
-    let out = c.kubectl_output(
-        &["create", "--dry-run=server", "-f", "-"],
-        Some(&repo_file("deploy/job-template.yaml")),
-    );
     assert!(
         out.status.success(),
         "{}",
@@ -414,7 +443,9 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     assert_eq!(st["status"]["selectedNodes"], 3, "{st}");
     assert_eq!(st["status"]["gpuNodes"], 2, "{st}");
 
-    // Few writes: per installed node a Job, one node patch and one Event.
+    // Few writes: per installed node a Job, one node patch and one Event;
+    // a GPU node that came without the startup taint (ok-2, bad-1) gets it
+    // in one more patch before its Job.
     let writes = |res: &str| {
         op.metrics
             .render()
@@ -427,7 +458,7 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
             .sum::<u64>()
     };
     assert_eq!(writes("jobs"), 3);
-    assert_eq!(writes("nodes"), 3);
+    assert_eq!(writes("nodes"), 5);
 
     // A reboot: new bootID, the modules are gone: ready label off, a new
     // Job, and the node annotated for the new boot.
@@ -745,4 +776,183 @@ fn micro_time_now() -> String {
         now.strftime("%Y-%m-%dT%H:%M:%S"),
         now.subsec_microsecond()
     )
+}
+
+/// Plays the installer in a `JobPods::Manual` cluster: every Job pod not
+/// answered yet ends with exit code 0 and `message` as its termination
+/// message.
+fn answer_pods(c: &Cluster, message: &str) {
+    let pods = get_json(c, &["pods", "-n", NS]);
+    for p in pods["items"].as_array().unwrap() {
+        if !p["metadata"]["annotations"][EXIT_CODE].is_null() {
+            continue;
+        }
+        let patch = json!({"metadata": {"annotations": {
+            EXIT_CODE: "0", TERMINATION_MESSAGE: message}}})
+        .to_string();
+        c.kubectl(&[
+            "patch",
+            "pod",
+            p["metadata"]["name"].as_str().unwrap(),
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            &patch,
+        ]);
+    }
+}
+
+/// A node's ready label and its taints as `key:effect`.
+fn readiness(c: &Cluster, node: &str) -> (Option<String>, Vec<String>) {
+    let n = get_json(c, &["node", node]);
+    let label = n["metadata"]["labels"][keys::READY_LABEL]
+        .as_str()
+        .map(str::to_string);
+    let taints = n["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            format!(
+                "{}:{}",
+                t["key"].as_str().unwrap_or(""),
+                t["effect"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    (label, taints)
+}
+
+/// Polls until `done` holds for every node in `nodes`, answering Job pods
+/// with `answer` when given; panics with the nodes' state after WAIT.
+fn until_nodes(
+    c: &Cluster,
+    nodes: &[&str],
+    answer: Option<&str>,
+    done: impl Fn(&str, &(Option<String>, Vec<String>)) -> bool,
+) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(message) = answer {
+            answer_pods(c, message);
+        }
+        let states: Vec<_> = nodes.iter().map(|n| (*n, readiness(c, n))).collect();
+        if states.iter().all(|(n, s)| done(n, s)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nodes not there yet: {states:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Readiness across reboots: once installed, a node loses its startup
+/// taint and gets the ready label; a new bootID (the modules are gone)
+/// puts the taint back and takes the label off at once, before the
+/// reinstall Job has finished, and only that Job's verified result undoes
+/// it. A new GPU node that came without the taint gets it before its first
+/// install. Another controller's taint survives every patch; a GpuDriver
+/// without a startup taint only moves the label. Writes stay at one node
+/// patch per change.
+#[test]
+fn a_reboot_taints_and_unreadies_the_node_until_the_reinstall_is_verified() {
+    let Some(c) = Cluster::start_with(support::cluster::JobPods::Manual) else {
+        return;
+    };
+    install_base(&c);
+    const STARTUP: &str = "gpu-driver.gardenlinux.io/driver-not-ready:NoSchedule";
+    const OTHER: &str = "example.com/maintenance:NoSchedule";
+    c.apply(&gpudriver("rb", "rb", json!({})));
+    let mut plain: Value = serde_json::from_str(&gpudriver("plain", "plain", json!({}))).unwrap();
+    plain["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("startupTaint");
+    c.apply(&plain.to_string());
+    c.apply(&node("rb-1", "rb", true, true));
+    c.kubectl(&[
+        "taint",
+        "node",
+        "rb-1",
+        "example.com/maintenance=x:NoSchedule",
+    ]);
+    c.apply(&node("plain-1", "plain", true, false));
+    c.apply(&node("rb-new", "rb", true, false));
+    let op = Running::start(&c);
+    let node_writes = || {
+        op.metrics
+            .render()
+            .lines()
+            .filter(|l| {
+                l.starts_with("gpu_driver_api_writes_total") && l.contains("resource=\"nodes\"")
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>()
+    };
+    let installed = run_result(Reason::Verified, "driver 580.95.05 verified");
+    let ready = |n: &str, (label, taints): &(Option<String>, Vec<String>)| {
+        label.as_deref() == Some("true")
+            && !taints.iter().any(|t| t == STARTUP)
+            && (n != "rb-1" || taints.iter().any(|t| t == OTHER))
+    };
+
+    // The new node is tainted while its first install runs.
+    until_nodes(&c, &["rb-new"], None, |_, (label, taints)| {
+        label.is_none() && taints.iter().any(|t| t == STARTUP)
+    });
+    // Installed: taint off, label on, in one patch per node (rb-new: one
+    // more for its taint).
+    until_nodes(&c, &["rb-1", "plain-1", "rb-new"], Some(&installed), ready);
+    assert_eq!(node_writes(), 4);
+
+    // Reboot: the taint is back (NoSchedule) and the label gone while the
+    // reinstall Job still runs (nobody answers its pod yet).
+    let rebooted = std::time::Instant::now();
+    for n in ["rb-1", "plain-1"] {
+        patch_node_info(&c, n, r#"{"status":{"nodeInfo":{"bootID":"boot-2"}}}"#);
+    }
+    until_nodes(&c, &["rb-1", "plain-1"], None, |n, (label, taints)| {
+        label.is_none()
+            && match n {
+                "rb-1" => taints.iter().any(|t| t == STARTUP) && taints.iter().any(|t| t == OTHER),
+                _ => taints.is_empty(),
+            }
+    });
+    assert!(
+        rebooted.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        rebooted.elapsed()
+    );
+    for n in ["rb-1", "plain-1"] {
+        let node = get_json(&c, &["node", n]);
+        let a = &node["metadata"]["annotations"];
+        assert_eq!(a[keys::STATE], "Pending", "{a}");
+        // Still what was verified last, for the boot before.
+        assert_eq!(a[keys::BOOT_ID], "boot-1", "{a}");
+    }
+    let jobs = get_json(&c, &["jobs", "-n", NS]);
+    assert_eq!(jobs["items"].as_array().unwrap().len(), 5, "{jobs}");
+    // No patch storm while the Job runs: one more patch per node.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(node_writes(), 6);
+    let (_, taints) = readiness(&c, "rb-1");
+    assert_eq!(
+        taints.iter().filter(|t| *t == STARTUP).count(),
+        1,
+        "{taints:?}"
+    );
+
+    // The reinstall's verified result for boot-2 undoes both.
+    until_nodes(&c, &["rb-1", "plain-1"], Some(&installed), ready);
+    for n in ["rb-1", "plain-1"] {
+        wait_annotation(&c, n, keys::BOOT_ID, "boot-2");
+        wait_annotation(&c, n, keys::STATE, "Installed");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(node_writes(), 8);
+    drop(op);
 }

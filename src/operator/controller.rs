@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -21,7 +21,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::crd::GpuDriver;
-use super::decide::{self, JobRole, NodeFacts, Plan};
+use super::decide::{self, JobRole, Marks, NodeFacts, Plan};
 use super::job::{self, JobRequest};
 use super::keys;
 use super::metrics::Metrics;
@@ -229,7 +229,6 @@ pub fn ready_patch(
         .unwrap_or_else(|| gd.spec.driver.flavor.as_str().into());
     let mut patch = json!({
         "metadata": {
-            "labels": { keys::READY_LABEL: "true" },
             "annotations": {
                 keys::STATE: "Installed",
                 keys::KEY: key,
@@ -248,15 +247,27 @@ pub fn ready_patch(
             }
         }
     });
-    add_taint_removal(gd, node, &mut patch);
+    let marks = Marks {
+        ready_label: Some(true),
+        startup_taint: Some(false),
+    };
+    add_marks(gd, node, marks, &mut patch);
     patch
 }
 
-/// Drops the startup taint, if the node still has it. A merge patch
-/// replaces the whole list, so it carries the resourceVersion: a
-/// concurrent taint change makes it fail (409) and the reconcile retries.
-fn add_taint_removal(gd: &GpuDriver, node: &Node, patch: &mut Value) {
-    let Some(startup) = &gd.spec.startup_taint else {
+/// Adds the ready label's and the startup taint's changes to `patch`. The
+/// label is one key of the labels map. Taints are a list, which a merge
+/// patch replaces whole: the patch carries the node's resourceVersion, so
+/// that a taint another controller changed meanwhile makes it fail (409)
+/// rather than be overwritten, and the reconcile retries on the new node.
+/// Only the configured startup taint's key is added or removed; every
+/// other taint is written back as it was.
+fn add_marks(gd: &GpuDriver, node: &Node, marks: Marks, patch: &mut Value) {
+    if let Some(on) = marks.ready_label {
+        patch["metadata"]["labels"][keys::READY_LABEL] =
+            if on { json!("true") } else { Value::Null };
+    }
+    let (Some(startup), Some(want)) = (&gd.spec.startup_taint, marks.startup_taint) else {
         return;
     };
     let taints = node
@@ -264,10 +275,18 @@ fn add_taint_removal(gd: &GpuDriver, node: &Node, patch: &mut Value) {
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    if !taints.iter().any(|t| &t.key == startup) {
+    if taints.iter().any(|t| &t.key == startup) == want {
         return;
     }
-    let rest: Vec<_> = taints.into_iter().filter(|t| &t.key != startup).collect();
+    let mut rest: Vec<Taint> = taints.into_iter().filter(|t| &t.key != startup).collect();
+    if want {
+        rest.push(Taint {
+            key: startup.clone(),
+            effect: decide::STARTUP_TAINT_EFFECT.into(),
+            value: None,
+            time_added: None,
+        });
+    }
     patch["spec"] = json!({ "taints": rest });
     patch["metadata"]["resourceVersion"] = json!(node.resource_version());
 }
@@ -304,21 +323,20 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
     let now = Timestamp::now();
     match decide::plan(&gd.spec, &f, now.as_second()) {
         Plan::NoGpu => Ok(Action::await_change()),
-        Plan::Ready { fix_label_or_taint } => {
-            if fix_label_or_taint {
-                let key = decide::desired_key(&gd.spec, &f);
-                let already = ctx.memo().fixed.get(&f.name) == Some(&key);
-                if !already {
-                    let mut patch = json!({"metadata": {"labels": {keys::READY_LABEL: "true"}}});
-                    add_taint_removal(&gd, &node, &mut patch);
-                    ctx.patch_node(&f.name, &patch).await?;
-                    ctx.memo().fixed.insert(f.name.clone(), key);
-                }
+        Plan::Ready { marks } => {
+            let key = decide::desired_key(&gd.spec, &f);
+            if !marks.is_empty() && ctx.memo().fixed.get(&f.name) != Some(&key) {
+                let mut patch = json!({"metadata": {}});
+                add_marks(&gd, &node, marks, &mut patch);
+                ctx.patch_node(&f.name, &patch).await?;
+                ctx.memo().fixed.insert(f.name.clone(), key);
             }
             Ok(Action::await_change())
         }
         Plan::NoBuilderImage => {
-            if f.annotations.get(keys::STATE).map(String::as_str) != Some("NoBuilderImage") {
+            let first =
+                f.annotations.get(keys::STATE).map(String::as_str) != Some("NoBuilderImage");
+            if first {
                 let msg = format!(
                     "no builder image in GpuDriver {} matches OS {:?}, kernel {}",
                     gd.name_any(),
@@ -327,14 +345,16 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
                 );
                 ctx.event(&node, EventType::Warning, "NoBuilderImage", msg)
                     .await;
-                let patch = json!({"metadata": {
-                    "labels": {keys::READY_LABEL: null},
-                    "annotations": {keys::STATE: "NoBuilderImage"}}});
-                ctx.patch_node(&f.name, &patch).await?;
             }
+            unready(&ctx, &gd, &node, first.then_some("NoBuilderImage")).await?;
             Ok(Action::await_change())
         }
-        Plan::Backoff { seconds } => Ok(Action::requeue(Duration::from_secs(seconds.max(1)))),
+        Plan::Backoff { seconds } => {
+            // Normally done before the attempt that failed; this catches a
+            // taint someone took off meanwhile, once per key.
+            unready(&ctx, &gd, &node, None).await?;
+            Ok(Action::requeue(Duration::from_secs(seconds.max(1))))
+        }
         Plan::Detect { job } => {
             let image = gd.spec.installer_image.clone();
             drive_job(&ctx, &gd, &node, JobRole::Detect, &job, &image, &f.boot_id).await
@@ -342,20 +362,52 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
         Plan::Install {
             job, image, key, ..
         } => {
-            // A node that was ready for another key (rebooted, upgraded)
-            // has no driver loaded now: take the label off first.
-            if f.labels.contains_key(keys::READY_LABEL)
-                && ctx.memo().unreadied.get(&f.name) != Some(&key)
-            {
-                let patch = json!({"metadata": {
-                    "labels": {keys::READY_LABEL: null},
-                    "annotations": {keys::STATE: "Pending"}}});
-                ctx.patch_node(&f.name, &patch).await?;
-                ctx.memo().unreadied.insert(f.name.clone(), key.clone());
-            }
+            // A node without a verified driver for this boot (new, rebooted,
+            // upgraded) gets label off and startup taint on before the Job,
+            // so nothing new lands there until the install is verified.
+            unready(&ctx, &gd, &node, Some("Pending")).await?;
             drive_job(&ctx, &gd, &node, JobRole::Install, &job, &image, &key).await
         }
     }
+}
+
+/// Takes a GPU node that is not installed for its current key out of
+/// service: ready label off, and the startup taint on unless the driver of
+/// its last verified install is still loaded (only the policy changed; see
+/// [`decide::marks`]), in one patch together with the `state` annotation.
+/// `Pending` is written only along with a mark: it is not worth a write of
+/// its own (a fresh node that already carries the taint writes nothing
+/// here). Nothing is written when the node already looks so, and the marks
+/// at most once per node and key: a reconcile that runs before the watch
+/// shows our own write must not write again (nor fight whoever takes the
+/// taint off by hand).
+async fn unready(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    state: Option<&str>,
+) -> Result<(), Error> {
+    let f = facts(node);
+    let key = decide::desired_key(&gd.spec, &f);
+    let marks = decide::marks(&gd.spec, &f, false);
+    let marks_due = !marks.is_empty() && ctx.memo().unreadied.get(&f.name) != Some(&key);
+    let current = f.annotations.get(keys::STATE).map(String::as_str);
+    let state_alone = state.filter(|s| *s != "Pending" && current != Some(*s));
+    if !marks_due && state_alone.is_none() {
+        return Ok(());
+    }
+    let mut patch = json!({"metadata": {}});
+    if marks_due {
+        add_marks(gd, node, marks, &mut patch);
+    }
+    if let Some(s) = state {
+        patch["metadata"]["annotations"] = json!({ keys::STATE: s });
+    }
+    ctx.patch_node(&f.name, &patch).await?;
+    if marks_due {
+        ctx.memo().unreadied.insert(f.name.clone(), key);
+    }
+    Ok(())
 }
 
 async fn drive_job(
@@ -758,6 +810,69 @@ async fn status_loop(ctx: Arc<Context>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gd_with_taint() -> GpuDriver {
+        GpuDriver::new(
+            "gd",
+            serde_json::from_value(json!({
+                "builderImages": [{"image": "b:1"}],
+                "installerImage": "i:1",
+                "startupTaint": "gpu-driver.gardenlinux.io/not-ready",
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn node_with_taints(taints: Value) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n", "resourceVersion": "42",
+                "labels": {keys::READY_LABEL: "true"}},
+            "spec": {"taints": taints},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_startup_taint_goes_back_beside_other_controllers_taints() {
+        let gd = gd_with_taint();
+        let other = json!({"key": "example.com/maintenance", "value": "x", "effect": "NoExecute"});
+        let node = node_with_taints(json!([other]));
+        let mut patch = json!({"metadata": {}});
+        add_marks(&gd, &node, UNREADY, &mut patch);
+        assert_eq!(
+            patch,
+            json!({
+                "metadata": {"labels": {keys::READY_LABEL: null}, "resourceVersion": "42"},
+                "spec": {"taints": [other, {"key": "gpu-driver.gardenlinux.io/not-ready",
+                    "effect": "NoSchedule"}]},
+            })
+        );
+        // Already there (the node pool's, with its own effect): the list is
+        // not rewritten, and no resourceVersion pins the patch.
+        let pool = json!({"key": "gpu-driver.gardenlinux.io/not-ready", "effect": "NoExecute"});
+        let node = node_with_taints(json!([pool, other]));
+        let mut patch = json!({"metadata": {}});
+        add_marks(&gd, &node, UNREADY, &mut patch);
+        assert_eq!(
+            patch,
+            json!({"metadata": {"labels": {keys::READY_LABEL: null}}})
+        );
+        // Removed again: only ours goes.
+        let mut patch = json!({"metadata": {}});
+        let ready = Marks {
+            ready_label: Some(true),
+            startup_taint: Some(false),
+        };
+        add_marks(&gd, &node, ready, &mut patch);
+        assert_eq!(patch["spec"], json!({"taints": [other]}));
+        assert_eq!(patch["metadata"]["labels"][keys::READY_LABEL], "true");
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+    }
+
+    const UNREADY: Marks = Marks {
+        ready_label: Some(false),
+        startup_taint: Some(true),
+    };
 
     #[test]
     fn a_failure_message_reaches_the_node_without_credentials() {

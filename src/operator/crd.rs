@@ -56,9 +56,12 @@ pub struct GpuDriverSpec {
     /// Pull secrets for the builder and installer images.
     #[serde(default)]
     pub image_pull_secrets: Vec<LocalObjectReference>,
-    /// A taint key the nodes are created with (e.g. by the node pool) and
-    /// that the operator removes once the driver is ready, so that GPU
-    /// workloads only land on nodes that can run them.
+    /// A taint key kept on GPU nodes while no verified driver is loaded
+    /// for their current boot, so that new pods land only where the driver
+    /// works: added (effect NoSchedule) to a new GPU node and again after a
+    /// reboot or a new kernel or OS image, removed with the verified
+    /// install's result. A node pool may give it too; on Gardener don't
+    /// (its machine-controller-manager puts pool taints back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub startup_taint: Option<String>,
     /// Job limits.
