@@ -66,3 +66,12 @@ ROOT_TOOLS=(debootstrap:debootstrap flock:util-linux mountpoint:util-linux
 # strings) come from binutils.
 VM_TOOLS=(qemu-system-x86_64:qemu-system-x86 busybox:busybox-static cpio:cpio
   gcc:gcc make:make strip:binutils)
+
+# What scripts/build-static aarch64 needs: the cross linker and C compiler
+# (the -sys crates) and arm64's static glibc.
+CROSS_ARM64_TOOLS=(aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu
+  /usr/aarch64-linux-gnu/lib/libc.a:libc6-dev-arm64-cross)
+
+# What scripts/vm-test-arm64 needs: QEMU's arm64 machine, cpio for the
+# initramfs (the arm64 kernel and busybox come from Debian's archive).
+VM_ARM64_TOOLS=(qemu-system-aarch64:qemu-system-arm cpio:cpio)

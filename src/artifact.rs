@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Reason, Result};
-use crate::host::ModuleFlavor;
+use crate::host::{CpuArch, ModuleFlavor};
 
 /// Bumped when the manifest's meaning changes.
 /// 1: modules and firmware. 2: user space (`userSpace`, `links`) from a
@@ -44,6 +44,10 @@ pub struct Manifest {
     /// The kernel's `CONFIG_CC_VERSION_TEXT`, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_compiler: Option<String>,
+    /// The CPU architecture the modules (and user space) are for. Absent
+    /// in artifacts of earlier installers, which built natively only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<CpuArch>,
     /// RFC 3339, UTC.
     #[serde(default)]
     pub built_at: String,
@@ -563,6 +567,7 @@ mod tests {
             kernel_release: "6.1.0-50-cloud-amd64".into(),
             compiler: "gcc 12".into(),
             kernel_compiler: None,
+            arch: None,
             built_at: "2026-12-03T00:00:00Z".into(),
             modules: vec![ManifestModule {
                 name: "nvidia".into(),

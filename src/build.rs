@@ -29,7 +29,7 @@ use crate::artifact::{
 };
 use crate::error::{Error, Result};
 use crate::headers::{KernelHeaders, inspect_headers, locate_headers};
-use crate::host::{HostRoot, ModuleFlavor};
+use crate::host::{CpuArch, HostRoot, ModuleFlavor};
 use crate::modinfo;
 use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
 
@@ -97,6 +97,10 @@ pub struct BuildSpec {
     /// `--driver-version` as given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
+    /// `--arch` as given: the architecture to build for. Absent: the
+    /// headers' (their `.config`), else the builder's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arch: Option<CpuArch>,
     pub host_root: String,
 }
 
@@ -123,6 +127,10 @@ pub struct CompilerUsed {
     /// The kernel's `CONFIG_CC_VERSION_TEXT`, when the headers carry it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_version_text: Option<String>,
+    /// A cross build's `CROSS_COMPILE` (`aarch64-linux-gnu-`): the prefix
+    /// of the compiler, linker and strip used. Absent for a native build.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cross_compile: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -161,6 +169,10 @@ pub struct BuildStatus {
     pub outcome: Outcome,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
+    /// The CPU architecture the modules are built for (known once the
+    /// headers were read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arch: Option<CpuArch>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headers: Option<HeadersUsed>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -207,6 +219,7 @@ impl BuildStatus {
         BuildStatus {
             outcome,
             driver_version: None,
+            arch: None,
             headers: None,
             compiler: None,
             artifact: None,
@@ -240,6 +253,8 @@ pub struct BuildOptions {
     pub keep_work: bool,
     pub jobs: usize,
     pub driver_version: Option<String>,
+    /// `--arch`: the architecture to build for; `None` takes the headers'.
+    pub arch: Option<CpuArch>,
     /// The artifact cache (`--cache-url`), already checked.
     pub cache: Option<crate::cache::CacheConfig>,
 }
@@ -262,6 +277,7 @@ impl BuildOptions {
             work_dir: self.work_dir().display().to_string(),
             jobs: self.jobs,
             driver_version: self.driver_version.clone(),
+            arch: self.arch,
             host_root: self.root.path().display().to_string(),
         }
     }
@@ -338,16 +354,16 @@ fn run(
     // With the driver version known up front (`run` knows it from the
     // plan), a cache hit skips extraction and compile alike.
     if let (Some(session), Some(dv)) = (cache.as_deref_mut(), &opts.driver_version) {
-        if let Some(msg) = restore_from_cache(session, opts, dv, &pre.compiler, status) {
+        if let Some(msg) = restore_from_cache(session, opts, dv, &pre, status) {
             return Ok(msg);
         }
     }
     check_disk(&pre.work, MIN_FREE_DISK_BYTES)?;
-    let src = extract_source(opts, &pre.work, status)?;
+    let src = extract_source(opts, &pre.work, pre.target.arch, status)?;
     if let Some(session) = cache.as_deref_mut() {
         if !session.looked_up() {
             let dv = src.driver_version.as_str();
-            if let Some(msg) = restore_from_cache(session, opts, dv, &pre.compiler, status) {
+            if let Some(msg) = restore_from_cache(session, opts, dv, &pre, status) {
                 return Ok(msg);
             }
         }
@@ -390,6 +406,7 @@ fn check_arguments(opts: &BuildOptions) -> Result<()> {
 /// What preflight established: the headers, the compiler, the work dir.
 struct Preflight {
     headers: KernelHeaders,
+    target: Target,
     cc: String,
     compiler: CompilerUsed,
     work: PathBuf,
@@ -407,9 +424,12 @@ fn preflight(opts: &BuildOptions, status: &mut BuildStatus) -> Result<Preflight>
         common_dir: headers.common_dir.display().to_string(),
         release: headers.release.clone(),
     });
+    let target = Target::new(target_arch(opts.arch, &headers)?, CpuArch::running()?);
+    status.arch = Some(target.arch);
     let path_var = std::env::var_os("PATH").unwrap_or_default();
-    let cc = check_tools(headers.cc_version_text.as_deref(), &path_var)?;
-    let compiler = check_compiler(&cc, headers.cc_version_text.as_deref())?;
+    let cc = check_tools(headers.cc_version_text.as_deref(), &target, &path_var)?;
+    let mut compiler = check_compiler(&cc, headers.cc_version_text.as_deref())?;
+    compiler.cross_compile = target.is_cross().then(|| target.cross_prefix.clone());
     status.compiler = Some(compiler.clone());
     let work = opts.work_dir();
     fs::create_dir_all(&work).map_err(|e| Error::io(LOCAL_IO, "creating", &work, e))?;
@@ -417,6 +437,7 @@ fn preflight(opts: &BuildOptions, status: &mut BuildStatus) -> Result<Preflight>
         .map_err(|e| Error::io(LOCAL_IO, "creating", &opts.out_dir, e))?;
     Ok(Preflight {
         headers,
+        target,
         cc,
         compiler,
         work,
@@ -433,7 +454,12 @@ struct Source {
     cleanup: Cleanup,
 }
 
-fn extract_source(opts: &BuildOptions, work: &Path, status: &mut BuildStatus) -> Result<Source> {
+fn extract_source(
+    opts: &BuildOptions,
+    work: &Path,
+    arch: CpuArch,
+    status: &mut BuildStatus,
+) -> Result<Source> {
     let t = Instant::now();
     let extracted = work.join("source");
     let staging = work.join("staging");
@@ -451,7 +477,7 @@ fn extract_source(opts: &BuildOptions, work: &Path, status: &mut BuildStatus) ->
     let driver_version = driver_version_of(&tree, opts.driver_version.as_deref())?;
     status.driver_version = Some(driver_version.clone());
     let firmware = find_firmware(&extracted)?;
-    let user_space = crate::userspace::collect(&extracted)?;
+    let user_space = crate::userspace::collect(&extracted, arch)?;
     status.timings.extract_seconds = Some(seconds(t.elapsed()));
     Ok(Source {
         tree,
@@ -475,7 +501,14 @@ fn compile(
     let t = Instant::now();
     let log = pre.work.join("build.log");
     status.log = Some(log.display().to_string());
-    let args = make_args(&src.tree, opts.jobs, release, &pre.headers, &pre.cc);
+    let args = make_args(
+        &src.tree,
+        opts.jobs,
+        release,
+        &pre.headers,
+        &pre.cc,
+        &pre.target,
+    );
     let exit = crate::process::run_logged("make", &args, &log, Reason::CompilerMissing)?;
     status.timings.compile_seconds = Some(seconds(t.elapsed()));
     if exit.success() {
@@ -512,7 +545,7 @@ fn package(
     fs::create_dir_all(&module_dir).map_err(|e| Error::io(LOCAL_IO, "creating", &module_dir, e))?;
     let mut modules = Vec::new();
     for ko in &built {
-        modules.push(stage_module(ko, &module_dir, release)?);
+        modules.push(stage_module(ko, &module_dir, release, &pre.target)?);
     }
     let mut manifest = Manifest {
         schema_version: MANIFEST_VERSION,
@@ -522,6 +555,7 @@ fn package(
         kernel_release: release.to_string(),
         compiler: pre.compiler.version.clone(),
         kernel_compiler: pre.compiler.kernel_version_text.clone(),
+        arch: Some(pre.target.arch),
         built_at: crate::text::rfc3339_utc(SystemTime::now()),
         modules: modules.iter().map(|s| s.manifest.clone()).collect(),
         firmware: Vec::new(),
@@ -632,11 +666,17 @@ fn restore_from_cache(
     session: &mut crate::cache::Session,
     opts: &BuildOptions,
     driver_version: &str,
-    compiler: &CompilerUsed,
+    pre: &Preflight,
     status: &mut BuildStatus,
 ) -> Option<String> {
     let release = opts.kernel_release.as_str();
-    let key = crate::cache::CacheKey::new(release, driver_version, opts.flavor, &compiler.version);
+    let key = crate::cache::CacheKey::new(
+        pre.target.arch,
+        release,
+        driver_version,
+        opts.flavor,
+        &pre.compiler.version,
+    );
     let artifact = opts
         .out_dir
         .join(artifact::file_name(driver_version, opts.flavor, release));
@@ -761,6 +801,68 @@ pub fn check_proc(proc_dir: &Path) -> Result<()> {
     .with_hint("mount it (mount -t proc proc /proc; for a chroot: mount -t proc proc <root>/proc) and run again"))
 }
 
+/// What the modules are built for, and the tool prefix that gets there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub arch: CpuArch,
+    /// `CROSS_COMPILE`: `aarch64-linux-gnu-` when `arch` is not the
+    /// builder's own, empty for a native build.
+    pub cross_prefix: String,
+}
+
+impl Target {
+    /// Building for `arch` on a `builder` CPU.
+    pub fn new(arch: CpuArch, builder: CpuArch) -> Target {
+        Target {
+            arch,
+            cross_prefix: if arch == builder {
+                String::new()
+            } else {
+                format!("{}-", arch.gnu_triplet())
+            },
+        }
+    }
+
+    pub fn is_cross(&self) -> bool {
+        !self.cross_prefix.is_empty()
+    }
+
+    /// A binutils program for the target: `strip`, `aarch64-linux-gnu-ld`.
+    pub fn tool(&self, name: &str) -> String {
+        format!("{}{name}", self.cross_prefix)
+    }
+
+    /// `ARCH=` for NVIDIA's Makefile and kbuild: `arm64`, `x86_64` (what
+    /// NVIDIA's Makefile derives from `uname -m` on a native builder).
+    pub fn make_arch(&self) -> &'static str {
+        match self.arch {
+            CpuArch::X86_64 => "x86_64",
+            CpuArch::Aarch64 => self.arch.kernel_arch(),
+        }
+    }
+}
+
+/// The architecture to build for. The headers' `.config` decides
+/// (`CONFIG_ARM64=y`): it is what the kernel was built for, whatever its
+/// release is called. `--arch` must agree with it; it only decides for
+/// headers whose configuration names neither architecture, and without
+/// both the builder's own architecture is taken.
+pub fn target_arch(flag: Option<CpuArch>, headers: &KernelHeaders) -> Result<CpuArch> {
+    match (flag, headers.arch) {
+        (Some(f), Some(h)) if f != h => Err(Error::new(
+            Reason::KernelHeadersMismatch,
+            format!(
+                "--arch {f} but the kernel headers at {} are for {h} (their .config)",
+                headers.arch_dir.display()
+            ),
+        )
+        .with_hint(format!("pass the headers of the {f} kernel, or --arch {h}"))),
+        (_, Some(h)) => Ok(h),
+        (Some(f), None) => Ok(f),
+        (None, None) => CpuArch::running(),
+    }
+}
+
 /// An executable `name` on `path_var` (or `name` itself if it has a `/`).
 pub fn find_in_path(name: &str, path_var: &OsStr) -> Option<PathBuf> {
     // A name with a slash is a path, as a shell would take it; the current
@@ -772,32 +874,54 @@ pub fn find_in_path(name: &str, path_var: &OsStr) -> Option<PathBuf> {
 /// The compiler the build uses: the one named in the kernel's
 /// `CONFIG_CC_VERSION_TEXT` (`gcc-12`, `x86_64-linux-gnu-gcc-14`) when it is
 /// installed, as NVIDIA's Makefile itself prefers, else `gcc`. It is passed
-/// to make as `CC`, so that what was checked is what compiles.
-pub fn choose_compiler(cc_version_text: Option<&str>, path_var: &OsStr) -> Option<String> {
+/// to make as `CC`, so that what was checked is what compiles. A cross build
+/// takes the same program with the target's prefix (`gcc-12` →
+/// `aarch64-linux-gnu-gcc-12`, else `aarch64-linux-gnu-gcc`): the kernel
+/// of a native arm64 build names its compiler without one.
+pub fn choose_compiler(
+    cc_version_text: Option<&str>,
+    target: &Target,
+    path_var: &OsStr,
+) -> Option<String> {
     let named = cc_version_text
         .and_then(|t| t.split_whitespace().next())
         .filter(|c| {
             c.chars()
                 .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '_' | '.' | '+'))
         });
+    let named = match named {
+        // `x86_64-linux-gnu-gcc-14` → `aarch64-linux-gnu-gcc-14`.
+        Some(c) if target.is_cross() => Some(
+            target.tool(
+                c.rsplit_once("-linux-gnu-")
+                    .map_or(c, |(_, program)| program),
+            ),
+        ),
+        other => other.map(str::to_string),
+    };
     if let Some(c) = named {
-        if find_in_path(c, path_var).is_some() {
-            return Some(c.to_string());
+        if find_in_path(&c, path_var).is_some() {
+            return Some(c);
         }
     }
-    find_in_path("gcc", path_var).map(|_| "gcc".to_string())
+    let gcc = target.tool("gcc");
+    find_in_path(&gcc, path_var).map(|_| gcc)
 }
 
-/// make, the linker, strip and a C compiler must be on PATH; returns the
-/// compiler command.
-pub fn check_tools(cc_version_text: Option<&str>, path_var: &OsStr) -> Result<String> {
-    let mut missing: Vec<&str> = ["make", "ld", "strip"]
+/// make, the linker, strip and a C compiler (the target's, for a cross
+/// build) must be on PATH; returns the compiler command.
+pub fn check_tools(
+    cc_version_text: Option<&str>,
+    target: &Target,
+    path_var: &OsStr,
+) -> Result<String> {
+    let mut missing: Vec<String> = ["make".to_string(), target.tool("ld"), target.tool("strip")]
         .into_iter()
         .filter(|t| find_in_path(t, path_var).is_none())
         .collect();
-    let cc = choose_compiler(cc_version_text, path_var);
+    let cc = choose_compiler(cc_version_text, target, path_var);
     if cc.is_none() {
-        missing.insert(0, "gcc");
+        missing.insert(0, target.tool("gcc"));
     }
     match (cc, missing.is_empty()) {
         (Some(cc), true) => Ok(cc),
@@ -813,9 +937,15 @@ pub fn check_tools(cc_version_text: Option<&str>, path_var: &OsStr) -> Result<St
                     path_var.to_string_lossy()
                 ),
             )
-            .with_hint(
-                "install the kernel's compiler and build tools (Debian, Garden Linux: apt-get install gcc make binutils)",
-            ))
+            .with_hint(if target.is_cross() {
+                format!(
+                    "install the cross compiler and binutils for {} (Debian: apt-get install gcc-<N>-{triplet} binutils-{triplet} make, <N> the kernel's gcc major)",
+                    target.arch,
+                    triplet = target.arch.gnu_triplet()
+                )
+            } else {
+                "install the kernel's compiler and build tools (Debian, Garden Linux: apt-get install gcc make binutils)".to_string()
+            }))
         }
     }
 }
@@ -913,6 +1043,7 @@ pub fn check_compiler(cc: &str, kernel_text: Option<&str>) -> Result<CompilerUse
         command: cc.to_string(),
         version,
         kernel_version_text: kernel_text.map(str::to_string),
+        cross_compile: None,
     })
 }
 
@@ -1047,13 +1178,16 @@ pub fn find_firmware(extracted: &Path) -> Result<Vec<PathBuf>> {
 
 /// NVIDIA's documented external-build interface: `SYSSRC` (common tree),
 /// `SYSOUT` (the release's configured tree), `KERNEL_UNAME`; `CC` pins the
-/// compiler that preflight checked.
+/// compiler that preflight checked. A cross build adds `ARCH` (NVIDIA's
+/// Makefile takes it from `uname -m` otherwise) and `CROSS_COMPILE` (kbuild's
+/// prefix for `ld`, `objcopy`, …); a native build passes neither, as before.
 pub fn make_args(
     tree: &Path,
     jobs: usize,
     release: &str,
     headers: &KernelHeaders,
     cc: &str,
+    target: &Target,
 ) -> Vec<OsString> {
     let kv = |k: &str, v: &OsStr| {
         let mut s = OsString::from(k);
@@ -1061,7 +1195,7 @@ pub fn make_args(
         s.push(v);
         s
     };
-    vec![
+    let mut args = vec![
         OsString::from(format!("-j{}", jobs.max(1))),
         OsString::from("-C"),
         tree.as_os_str().to_owned(),
@@ -1069,8 +1203,13 @@ pub fn make_args(
         kv("SYSSRC", headers.common_dir.as_os_str()),
         kv("SYSOUT", headers.arch_dir.as_os_str()),
         kv("CC", OsStr::new(cc)),
-        OsString::from("modules"),
-    ]
+    ];
+    if target.is_cross() {
+        args.push(kv("ARCH", OsStr::new(target.make_arch())));
+        args.push(kv("CROSS_COMPILE", OsStr::new(&target.cross_prefix)));
+    }
+    args.push(OsString::from("modules"));
+    args
 }
 
 /// The log, at most its last 64 MiB (the errors are near the end).
@@ -1245,16 +1384,17 @@ struct Staged {
 
 /// Strips debug info into `dest_dir` (an unstripped `nvidia.ko` is 184 MB,
 /// stripped 11 MB), reads its modinfo and checks the vermagic's release.
-fn stage_module(ko: &Path, dest_dir: &Path, release: &str) -> Result<Staged> {
+fn stage_module(ko: &Path, dest_dir: &Path, release: &str, target: &Target) -> Result<Staged> {
     let file_name = ko
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let dest = dest_dir.join(&file_name);
-    run_strip(ko, &dest)?;
+    run_strip(&target.tool("strip"), ko, &dest)?;
     let info = modinfo::read_modinfo(&dest)
         .map_err(|e| Error::new(Reason::BuildFailed, format!("reading modinfo: {e}")))?;
     check_vermagic(&file_name, &info.vermagic, release)?;
+    check_machine(&file_name, info.machine, target.arch)?;
     let (sha256, size_bytes) = crate::files::sha256_file(&dest, LOCAL_IO)?;
     let module = BuiltModule {
         name: info.name.clone(),
@@ -1280,8 +1420,10 @@ fn stage_module(ko: &Path, dest_dir: &Path, release: &str) -> Result<Staged> {
 }
 
 /// `strip --strip-debug -o dest src`: the source tree stays as built.
-pub fn run_strip(src: &Path, dest: &Path) -> Result<()> {
-    let mut cmd = crate::process::command("strip");
+/// `strip` is the target's (`aarch64-linux-gnu-strip` for arm64 modules on
+/// an x86_64 builder: the native one does not know their format).
+pub fn run_strip(strip: &str, src: &Path, dest: &Path) -> Result<()> {
+    let mut cmd = crate::process::command(strip);
     cmd.arg("--strip-debug").arg("-o").arg(dest).arg(src);
     // Not starting is a missing tool; failing is a bad module file.
     let out = crate::process::output(&mut cmd, Reason::CompilerMissing)?;
@@ -1289,6 +1431,20 @@ pub fn run_strip(src: &Path, dest: &Path) -> Result<()> {
         return Err(crate::process::exit_error(&cmd, &out, Reason::BuildFailed));
     }
     Ok(())
+}
+
+/// A module is for the CPU the build targeted: a cross build that quietly
+/// produced host objects (a make variable lost on the way) stops here.
+pub fn check_machine(module: &str, machine: u16, arch: CpuArch) -> Result<()> {
+    if machine == arch.elf_machine() {
+        return Ok(());
+    }
+    let found = CpuArch::from_elf_machine(machine)
+        .map_or_else(|| format!("ELF machine {machine}"), |a| a.to_string());
+    Err(Error::new(
+        Reason::BuildFailed,
+        format!("{module} was built for {found}, not for {arch}"),
+    ))
 }
 
 /// A module loads only into the kernel its vermagic names.

@@ -40,7 +40,7 @@ use sha2::{Digest, Sha256};
 
 use crate::artifact::{MANIFEST_VERSION, Manifest};
 use crate::error::{Error, Result};
-use crate::host::ModuleFlavor;
+use crate::host::{CpuArch, ModuleFlavor};
 use crate::report::Reason;
 
 /// The layout and entry format of the cache. Bumped when either changes
@@ -254,14 +254,17 @@ pub struct CacheKey {
 }
 
 impl CacheKey {
+    /// `arch` is the modules' architecture (a cross build's target, not
+    /// the builder's).
     pub fn new(
+        arch: CpuArch,
         kernel_release: &str,
         driver_version: &str,
         flavor: ModuleFlavor,
         compiler: &str,
     ) -> Self {
         CacheKey {
-            arch: std::env::consts::ARCH.to_string(),
+            arch: arch.nvidia_name().to_string(),
             kernel_release: kernel_release.to_string(),
             driver_version: driver_version.to_string(),
             flavor,
@@ -1266,6 +1269,7 @@ mod tests {
     #[test]
     fn key_path_covers_every_part() {
         let k = CacheKey::new(
+            CpuArch::X86_64,
             "6.1.0-50-cloud-amd64",
             "535.261.03",
             ModuleFlavor::Open,
@@ -1273,9 +1277,10 @@ mod tests {
         );
         let p = k.path();
         assert!(p.starts_with(&format!("artifacts/v{FORMAT_VERSION}.{MANIFEST_VERSION}/")));
-        assert!(p.contains(std::env::consts::ARCH));
+        assert!(p.contains("/x86_64/"), "{p}");
         assert!(p.contains("/6.1.0-50-cloud-amd64/535.261.03/open/cc-"));
         let other_cc = CacheKey::new(
+            CpuArch::X86_64,
             "6.1.0-50-cloud-amd64",
             "535.261.03",
             ModuleFlavor::Open,
@@ -1283,12 +1288,22 @@ mod tests {
         );
         assert_ne!(p, other_cc.path());
         let other_flavor = CacheKey::new(
+            CpuArch::X86_64,
             "6.1.0-50-cloud-amd64",
             "535.261.03",
             ModuleFlavor::Proprietary,
             "gcc (Debian 12.2.0-14) 12.2.0",
         );
         assert_ne!(p, other_flavor.path());
+        // A cross build's modules are keyed by their architecture.
+        let arm = CacheKey::new(
+            CpuArch::Aarch64,
+            "6.1.0-50-cloud-amd64",
+            "535.261.03",
+            ModuleFlavor::Open,
+            "gcc (Debian 12.2.0-14) 12.2.0",
+        );
+        assert!(arm.path().contains("/aarch64/"), "{}", arm.path());
     }
 
     #[test]

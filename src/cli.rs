@@ -537,6 +537,7 @@ fn build_options(g: &GlobalArgs, args: &BuildArgs) -> BuildOptions {
         keep_work: args.keep_work,
         jobs,
         driver_version: args.driver_version.clone(),
+        arch: g.arch.as_deref().and_then(crate::host::CpuArch::parse),
         cache: args.cache.config(args.allow_http),
     }
 }

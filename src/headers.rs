@@ -14,7 +14,7 @@ use crate::apt::{self, AptSource, Index, Package};
 use crate::deb;
 use crate::error::{Error, Result};
 use crate::fetch::{self, FetchOptions};
-use crate::host::HostRoot;
+use crate::host::{CpuArch, HostRoot};
 use crate::report::Reason;
 
 /// Local filesystem failures (scratch directory) are not the repository's
@@ -74,6 +74,21 @@ pub fn fetch_headers(
     scratch_root: &Path,
 ) -> Result<HeadersTree> {
     fetch_headers_from(&AptSource::new(repo, suite), release, opts, scratch_root)
+}
+
+/// [`fetch_headers`] from the repository's index of `arch` (`binary-arm64`
+/// for an arm64 node): the headers and kbuild of the node's architecture.
+pub fn fetch_headers_for(
+    repo: &str,
+    suite: &str,
+    arch: CpuArch,
+    release: &str,
+    opts: &FetchOptions,
+    scratch_root: &Path,
+) -> Result<HeadersTree> {
+    let mut source = AptSource::new(repo, suite);
+    source.architecture = arch.debian_name().to_string();
+    fetch_headers_from(&source, release, opts, scratch_root)
 }
 
 /// [`fetch_headers`] with the components and architecture chosen.
@@ -431,6 +446,9 @@ pub struct KernelHeaders {
     pub common_dir: PathBuf,
     pub release: String,
     pub cc_version_text: Option<String>,
+    /// The CPU architecture the kernel was configured for (`CONFIG_ARM64=y`,
+    /// `CONFIG_X86_64=y`); `None` when the configuration says neither.
+    pub arch: Option<CpuArch>,
 }
 
 /// Checks that `arch_dir` holds complete headers for `release` and finds the
@@ -475,7 +493,10 @@ pub fn inspect_headers(arch_dir: &Path, root: &HostRoot, release: &str) -> Resul
         arch_dir: arch_dir.to_path_buf(),
         common_dir,
         release: found,
-        cc_version_text: read_cc_version_text(arch_dir)?,
+        cc_version_text: read_config_value(arch_dir, |t| {
+            parse_kconfig_string(t, "CONFIG_CC_VERSION_TEXT")
+        })?,
+        arch: read_config_value(arch_dir, parse_kconfig_arch)?,
     })
 }
 
@@ -537,15 +558,28 @@ pub fn parse_kconfig_string(text: &str, key: &str) -> Option<String> {
     })
 }
 
-fn read_cc_version_text(arch_dir: &Path) -> Result<Option<String>> {
+/// A value from the headers' configuration: `include/config/auto.conf`,
+/// else `.config`.
+fn read_config_value<T>(arch_dir: &Path, parse: impl Fn(&str) -> Option<T>) -> Result<Option<T>> {
     for f in ["include/config/auto.conf", ".config"] {
         if let Some(text) = read_text_optional(&arch_dir.join(f))? {
-            if let Some(v) = parse_kconfig_string(&text, "CONFIG_CC_VERSION_TEXT") {
+            if let Some(v) = parse(&text) {
                 return Ok(Some(v));
             }
         }
     }
     Ok(None)
+}
+
+/// The architecture a kernel configuration is for: `CONFIG_ARM64=y` is
+/// arm64, `CONFIG_X86_64=y` x86_64 (both symbols are set by the arch's own
+/// Kconfig, whatever the release is called).
+pub fn parse_kconfig_arch(text: &str) -> Option<CpuArch> {
+    text.lines().find_map(|l| match l.trim() {
+        "CONFIG_ARM64=y" => Some(CpuArch::Aarch64),
+        "CONFIG_X86_64=y" => Some(CpuArch::X86_64),
+        _ => None,
+    })
 }
 
 /// `include /usr/src/linux-headers-6.1.0-50-common/Makefile` (Debian's

@@ -677,6 +677,31 @@ impl CpuArch {
         }
     }
 
+    /// Debian's multiarch triplet, also the GNU cross tools' prefix
+    /// (`aarch64-linux-gnu-gcc-12`): `x86_64-linux-gnu`, `aarch64-linux-gnu`.
+    pub fn gnu_triplet(self) -> &'static str {
+        match self {
+            CpuArch::X86_64 => "x86_64-linux-gnu",
+            CpuArch::Aarch64 => "aarch64-linux-gnu",
+        }
+    }
+
+    /// `e_machine` of this architecture's ELF files (`EM_X86_64`,
+    /// `EM_AARCH64`).
+    pub fn elf_machine(self) -> u16 {
+        match self {
+            CpuArch::X86_64 => 62,
+            CpuArch::Aarch64 => 183,
+        }
+    }
+
+    /// The architecture of an ELF `e_machine`, when it is one of ours.
+    pub fn from_elf_machine(machine: u16) -> Option<CpuArch> {
+        [CpuArch::X86_64, CpuArch::Aarch64]
+            .into_iter()
+            .find(|a| a.elf_machine() == machine)
+    }
+
     /// Either naming (`x86_64`/`amd64`, `aarch64`/`arm64`).
     pub fn parse(s: &str) -> Option<CpuArch> {
         match s.trim() {

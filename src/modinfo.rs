@@ -27,7 +27,15 @@ pub struct ModInfo {
     pub license: Option<String>,
     /// Every `key=value` in file order (keys repeat, e.g. `alias`, `parm`).
     pub fields: Vec<(String, String)>,
+    /// The ELF header's `e_machine`: the CPU the module is for
+    /// ([`EM_X86_64`], [`EM_AARCH64`]).
+    pub machine: u16,
 }
+
+/// `e_machine` of x86_64 ELF files.
+pub const EM_X86_64: u16 = 62;
+/// `e_machine` of arm64 ELF files.
+pub const EM_AARCH64: u16 = 183;
 
 impl ModInfo {
     /// The kernel release this module was built for: the first word of
@@ -280,7 +288,9 @@ fn parse(src: &dyn Source) -> Result<ModInfo, ModinfoError> {
         )));
     }
     let data = read_vec(src, s.offset, s.size, "the .modinfo section")?;
-    from_fields(parse_fields(&data)?)
+    let mut info = from_fields(parse_fields(&data)?)?;
+    info.machine = u16_at(&ehdr, 0x12);
+    Ok(info)
 }
 
 /// Splits `.modinfo` contents: NUL-separated `key=value` strings, with NUL
@@ -320,6 +330,7 @@ fn from_fields(fields: Vec<(String, String)>) -> Result<ModInfo, ModinfoError> {
         version: get("version"),
         license: get("license"),
         fields,
+        machine: 0,
     })
 }
 
@@ -372,6 +383,16 @@ mod tests {
         assert_eq!(info.depends, ["a", "b"]);
         assert_eq!(info.version.as_deref(), Some("1.0"));
         assert_eq!(info.license.as_deref(), Some("GPL"));
+        assert_eq!(info.machine, 0);
+    }
+
+    #[test]
+    fn the_elf_machine_is_reported() {
+        let mut m = tiny_module(b"vermagic=6.1.0-50-cloud-arm64 SMP preempt mod_unload aarch64\0");
+        m[0x12..0x14].copy_from_slice(&EM_AARCH64.to_le_bytes());
+        let info = parse_modinfo(&m).unwrap();
+        assert_eq!(info.machine, EM_AARCH64);
+        assert_eq!(info.vermagic_release(), "6.1.0-50-cloud-arm64");
     }
 
     #[test]

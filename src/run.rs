@@ -341,6 +341,7 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
         keep_work: false,
         jobs: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         driver_version: st.driver_version.clone(),
+        arch: st.arch,
         cache: None,
     };
     match cfg.checked_cache() {
@@ -352,7 +353,7 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
         Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
     }
     if let Some(h) = &st.headers {
-        match headers_for(cfg, h, &release) {
+        match headers_for(cfg, h, &release, st.arch) {
             Ok(dir) => opts.headers = dir,
             Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
         }
@@ -362,7 +363,12 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
 
 /// The plan's headers: installed ones under the host root, or the OS
 /// repository's package, downloaded once into the host's header cache.
-fn headers_for(cfg: &Config, h: &resolve::Headers, release: &str) -> Result<Option<PathBuf>> {
+fn headers_for(
+    cfg: &Config,
+    h: &resolve::Headers,
+    release: &str,
+    arch: Option<CpuArch>,
+) -> Result<Option<PathBuf>> {
     let root = &cfg.root;
     match h.source {
         resolve::HeadersSource::Installed => Ok(h.path.as_ref().map(|p| root.join(p))),
@@ -377,11 +383,18 @@ fn headers_for(cfg: &Config, h: &resolve::Headers, release: &str) -> Result<Opti
                         .join(format!("linux-headers-{release}")),
                 ));
             }
-            let source = crate::apt::AptSource::new(
+            let mut source = crate::apt::AptSource::new(
                 h.repository.as_deref().unwrap_or_default(),
                 h.suite.as_deref().unwrap_or_default(),
             )
             .with_keyring(cfg.download.apt_keyring.clone());
+            // The node's architecture's index, not the builder's.
+            source.architecture = match arch {
+                Some(a) => a,
+                None => CpuArch::running()?,
+            }
+            .debian_name()
+            .to_string();
             crate::headers::fetch_headers_from(
                 &source,
                 release,

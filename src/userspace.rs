@@ -13,7 +13,7 @@ use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::host::HostRoot;
+use crate::host::{CpuArch, HostRoot};
 use crate::hostfs::{HostFs, Kind};
 use crate::report::Reason;
 
@@ -29,6 +29,11 @@ pub const RUN_NVIDIA_DRIVER: &str = "/run/nvidia/driver";
 /// directory, which the container toolkit searches in a driver root.
 pub fn lib_dir() -> String {
     format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH)
+}
+
+/// [`lib_dir`] of another architecture (a cross build's target).
+pub fn lib_dir_for(arch: CpuArch) -> String {
+    format!("usr/lib/{}", arch.gnu_triplet())
 }
 
 /// One entry of NVIDIA's `.manifest`: `name perms TYPE [fields…]`.
@@ -124,9 +129,9 @@ fn base_name(p: &str) -> Option<&str> {
 /// The compute user space of a `.manifest`, in its order. Entries with an
 /// unsafe path or link target are dropped (with a warning): the manifest
 /// comes from a downloaded package and must not place files outside the
-/// driver root.
-pub fn select(entries: &[DotManifestEntry]) -> Vec<Placement> {
-    let lib = lib_dir();
+/// driver root. Libraries go to `lib` ([`lib_dir_for`] the package's
+/// architecture).
+pub fn select(entries: &[DotManifestEntry], lib: &str) -> Vec<Placement> {
     let mut out = Vec::new();
     for e in entries {
         let kind = e.kind.as_str();
@@ -163,7 +168,7 @@ pub fn select(entries: &[DotManifestEntry]) -> Vec<Placement> {
             let dir = if BIN_LINKS.contains(&kind) {
                 BIN_DIR
             } else {
-                lib.as_str()
+                lib
             };
             out.push(Placement::Link {
                 dest: format!("{dir}/{name}"),
@@ -195,7 +200,7 @@ pub fn find_dot_manifest(extracted: &Path) -> Option<PathBuf> {
 /// Reads and selects the user space of an extracted package: the
 /// placements and the directory their `src` paths are relative to. Every
 /// selected file must exist (`ArchiveInvalid` otherwise).
-pub fn collect(extracted: &Path) -> Result<Option<(PathBuf, Vec<Placement>)>> {
+pub fn collect(extracted: &Path, arch: CpuArch) -> Result<Option<(PathBuf, Vec<Placement>)>> {
     let Some(manifest) = find_dot_manifest(extracted) else {
         return Ok(None);
     };
@@ -205,7 +210,7 @@ pub fn collect(extracted: &Path) -> Result<Option<(PathBuf, Vec<Placement>)>> {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| extracted.to_path_buf());
-    let placements = select(&parse_dot_manifest(&text));
+    let placements = select(&parse_dot_manifest(&text), &lib_dir_for(arch));
     for p in &placements {
         if let Placement::File { src, .. } = p {
             let path = base.join(src);
@@ -469,7 +474,7 @@ libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidi
     #[test]
     fn selects_compute_user_space_only() {
         let lib = lib_dir();
-        let p = select(&parse_dot_manifest(MANIFEST));
+        let p = select(&parse_dot_manifest(MANIFEST), &lib_dir());
         let f = |src: &str, dest: String| Placement::File {
             src: src.into(),
             dest,
@@ -509,22 +514,29 @@ libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidi
         let top = tmp.path().join("NVIDIA-Linux-x86_64-535.261.03");
         fs::create_dir(&top).unwrap();
         fs::write(top.join(".manifest"), MANIFEST).unwrap();
-        let e = collect(tmp.path()).unwrap_err();
+        let e = collect(tmp.path(), CpuArch::X86_64).unwrap_err();
         assert_eq!(e.reason, Reason::ArchiveInvalid);
         assert!(e.message.contains("nvidia-smi"), "{}", e.message);
         // Every selected file present: the placements, relative to the
         // .manifest's directory.
-        for p in select(&parse_dot_manifest(MANIFEST)) {
+        for p in select(&parse_dot_manifest(MANIFEST), &lib_dir()) {
             if let Placement::File { src, .. } = p {
                 fs::write(top.join(src), b"x").unwrap();
             }
         }
-        let (base, placements) = collect(tmp.path()).unwrap().unwrap();
+        let (base, placements) = collect(tmp.path(), CpuArch::X86_64).unwrap().unwrap();
         assert_eq!(base, top);
         assert_eq!(placements.len(), 8);
+        // A cross build places the target's libraries under its triplet.
+        let (_, arm) = collect(tmp.path(), CpuArch::Aarch64).unwrap().unwrap();
+        assert!(
+            arm.iter().any(|p| matches!(p, Placement::File { dest, .. }
+                if dest == "usr/lib/aarch64-linux-gnu/libcuda.so.535.261.03")),
+            "{arm:?}"
+        );
         // No .manifest (Debian's tarballs): no user space.
         let none = tempfile::tempdir().unwrap();
-        assert!(collect(none.path()).unwrap().is_none());
+        assert!(collect(none.path(), CpuArch::X86_64).unwrap().is_none());
     }
 
     #[test]

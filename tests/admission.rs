@@ -200,6 +200,7 @@ fn disallowed() -> Vec<(&'static str, Value, Vec<String>)> {
         "--manifest",
         "--allow-http",
         "--ca-bundle",
+        "--apt-keyring",
         "--catalog",
         "--cache-url",
         "--cache-dir",

@@ -6,8 +6,9 @@
 //! and Debian's `nvidia-*-kernel-source` tarballs installed) with `/proc`
 //! mounted in a private mount namespace. They take minutes and need:
 //!
-//! - `GPU_DRIVER_BUILDER_ROOTS`: a directory holding `bookworm/` and
-//!   `trixie/` roots (see `docs/build.md` for how to create them);
+//! - `GPU_DRIVER_BUILDER_ROOTS`: a directory holding `bookworm/`,
+//!   `trixie/` and `bookworm-arm64/` roots (`scripts/builder-root`; see
+//!   `docs/build.md`);
 //! - `GPU_DRIVER_STATIC_BIN`: the static binary (`scripts/build-static`);
 //! - root (chroot, mount namespaces) and `unshare` (util-linux).
 //!
@@ -24,6 +25,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use gpu_driver::host::CpuArch;
 use serde_json::Value;
 
 #[path = "support/host.rs"]
@@ -268,12 +270,12 @@ fn bad_arguments_are_invalid_argument() {
 static COMPILE: Mutex<()> = Mutex::new(());
 
 const HOW_TO_CREATE_ROOTS: &str = "\
-compile tests need GPU_DRIVER_BUILDER_ROOTS: a directory with Debian builder roots `bookworm/` and \
-`trixie/`. Create each as root with
-  debootstrap --variant=minbase --components=main,contrib,non-free SUITE DIR/SUITE http://deb.debian.org/debian
-  chroot DIR/SUITE apt-get install -y gcc make linux-headers-cloud-amd64 nvidia-open-kernel-source nvidia-kernel-source
-(SUITE = bookworm, trixie; see docs/build.md). scripts/test passes them on from GPU_DRIVER_BUILDER_ROOTS. \
-To skip these tests on purpose, set GPU_DRIVER_SKIP_COMPILE_TESTS=1.";
+compile tests need GPU_DRIVER_BUILDER_ROOTS: a directory with Debian builder roots `bookworm/`, \
+`trixie/` and `bookworm-arm64/`. Create each as root with
+  scripts/builder-root --link DIR SUITE
+(SUITE = bookworm, trixie, bookworm-arm64; see docs/build.md for what each holds). scripts/test makes \
+them and passes them on in GPU_DRIVER_BUILDER_ROOTS. To skip these tests on purpose, set \
+GPU_DRIVER_SKIP_COMPILE_TESTS=1.";
 
 /// The builder roots, or `None` when skipping was asked for explicitly.
 fn builder_root(suite: &str) -> Option<PathBuf> {
@@ -419,7 +421,9 @@ enum Source<'a> {
     Runfile(PathBuf),
 }
 
-fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str) {
+/// Builds in the root and checks the result, the artifact and every
+/// module; `arch` is what the modules must be for (the root's kernel's).
+fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arch: CpuArch) {
     let Some(root) = builder_root(suite) else {
         return;
     };
@@ -447,6 +451,23 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str) {
         r.stderr
     );
     assert_eq!(s["phase"], "Succeeded");
+    // The architecture comes from the headers' .config; a cross build says
+    // which prefix it used.
+    assert_eq!(s["arch"], arch.nvidia_name(), "{s}");
+    let cross = arch != CpuArch::running().unwrap();
+    if cross {
+        let prefix = format!("{}-", arch.gnu_triplet());
+        assert_eq!(s["compiler"]["crossCompile"], prefix.as_str(), "{s}");
+        assert!(
+            s["compiler"]["command"]
+                .as_str()
+                .unwrap()
+                .starts_with(&prefix),
+            "{s}"
+        );
+    } else {
+        assert!(s["compiler"].get("crossCompile").is_none(), "{s}");
+    }
     let driver = s["driverVersion"].as_str().unwrap();
     assert!(driver.starts_with(branch), "{driver}");
     eprintln!(
@@ -476,6 +497,10 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str) {
     for m in modules {
         let vermagic = m["vermagic"].as_str().unwrap();
         assert!(vermagic.starts_with(&format!("{release} ")), "{m}");
+        // arm64's MODULE_ARCH_VERMAGIC.
+        if arch == CpuArch::Aarch64 {
+            assert!(vermagic.ends_with(" aarch64"), "{m}");
+        }
     }
 
     // The artifact: its sha256, the manifest, and every file's sha256.
@@ -491,6 +516,7 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str) {
     assert_eq!(manifest["kernelRelease"], release.as_str());
     assert_eq!(manifest["driverVersion"], driver);
     assert_eq!(manifest["flavor"], flavor);
+    assert_eq!(manifest["arch"], arch.nvidia_name());
     assert!(manifest["compiler"].as_str().unwrap().contains("gcc"));
     assert!(manifest["builtAt"].as_str().unwrap().ends_with('Z'));
     // Neither Debian's module-source tarballs nor the assembled .run carry
@@ -510,6 +536,14 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str) {
         assert!(data.len() < 64 << 20, "{file}: {} bytes", data.len());
         let info = gpu_driver::modinfo::parse_modinfo(data).unwrap();
         assert_eq!(info.vermagic_release(), release);
+        // The ELF header's e_machine (62 x86_64, 183 aarch64), read by the
+        // test itself.
+        assert_eq!(
+            u16::from_le_bytes([data[18], data[19]]),
+            arch.elf_machine(),
+            "{file}"
+        );
+        assert_eq!(info.machine, arch.elf_machine(), "{file}");
         assert_eq!(info.version.as_deref(), Some(driver));
     }
     let user = manifest["userSpace"]
@@ -578,7 +612,23 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str) {
     let log = job.outer(s["log"].as_str().unwrap());
     assert!(fs::metadata(&log).unwrap().len() > 0);
     assert!(!log.parent().unwrap().join("source").exists());
+    keep_artifact(&artifact, &format!("{suite}-{flavor}"));
     job.remove();
+}
+
+/// With `GPU_DRIVER_KEEP_ARTIFACTS=DIR`, the artifact is copied to
+/// `DIR/<suite>-<flavor>.tar.zst` before the job is removed: scripts/test
+/// hands the arm64 one to the arm64 VM test (`scripts/vm-test-arm64`)
+/// instead of compiling it twice.
+fn keep_artifact(artifact: &Path, name: &str) {
+    let Some(dir) = std::env::var_os("GPU_DRIVER_KEEP_ARTIFACTS").filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    fs::create_dir_all(&dir).unwrap();
+    let dest = dir.join(format!("{name}.tar.zst"));
+    fs::copy(artifact, &dest).unwrap();
+    eprintln!("kept {} as {}", artifact.display(), dest.display());
 }
 
 /// The `.run` of `scripts/test-runfile` (NVIDIA's open module sources and
@@ -606,7 +656,7 @@ fn compile_bookworm_open_535() {
         Some(run) => Source::Runfile(run),
         None => Source::InRoot("/usr/src/nvidia-open-kernel.tar.xz"),
     };
-    compile_succeeds("bookworm", "open", source, "535.");
+    compile_succeeds("bookworm", "open", source, "535.", CpuArch::X86_64);
 }
 
 /// Installs the built artifact into a fixture host root (one T4 on its PCI
@@ -712,7 +762,59 @@ fn compile_bookworm_proprietary_535() {
         "proprietary",
         Source::InRoot("/usr/src/nvidia-kernel.tar.xz"),
         "535.",
+        CpuArch::X86_64,
     );
+}
+
+/// The arm64 build on this x86_64 machine: Debian's arm64 open 535 sources
+/// (their core objects are prebuilt per architecture) against Debian's
+/// arm64 cloud kernel headers, with the cross gcc of the kernel's major,
+/// in the `bookworm-arm64` root (`scripts/builder-root bookworm-arm64`).
+/// Nothing says "arm64" but the headers: the build takes it from their
+/// `.config`.
+#[test]
+fn compile_bookworm_arm64_open_535_cross() {
+    compile_succeeds(
+        "bookworm-arm64",
+        "open",
+        Source::InRoot("/usr/src/nvidia-open-kernel.tar.xz"),
+        "535.",
+        CpuArch::Aarch64,
+    );
+    // `--arch` must agree with the headers (preflight, milliseconds).
+    let Some(root) = builder_root("bookworm-arm64") else {
+        return;
+    };
+    let release = root_kernel_release(&root);
+    assert!(release.ends_with("-arm64"), "{release}");
+    let job = Job::new(&root, "arm64-arch-flag");
+    let out = job.inner("out");
+    let r = job.run(&[
+        "--arch",
+        "x86_64",
+        "build",
+        "--source",
+        "/usr/src/nvidia-open-kernel.tar.xz",
+        "--kernel",
+        &release,
+        "--flavor",
+        "open",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(
+        (r.code, reason(&r)),
+        (13, "KernelHeadersMismatch"),
+        "{}",
+        r.doc
+    );
+    assert!(
+        message(&r).contains("--arch x86_64 but the kernel headers"),
+        "{}",
+        message(&r)
+    );
+    assert_eq!(r.doc["spec"]["arch"], "x86_64");
+    job.remove();
 }
 
 #[test]

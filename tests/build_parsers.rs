@@ -9,14 +9,15 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use gpu_driver::Reason;
 use gpu_driver::build::{
-    self, CompilerMatch, EXCERPT_LINES, check_disk, check_proc, check_tools, check_vermagic,
-    choose_compiler, classify_log, compare_compilers, parse_nv_version_string,
-    parse_version_first_line, parse_version_mk,
+    self, CompilerMatch, EXCERPT_LINES, Target, check_disk, check_machine, check_proc, check_tools,
+    check_vermagic, choose_compiler, classify_log, compare_compilers, make_args,
+    parse_nv_version_string, parse_version_first_line, parse_version_mk, target_arch,
 };
 use gpu_driver::headers::{
-    self, find_common_dir, parse_kconfig_string, parse_makefile_include, parse_uts_release,
+    self, find_common_dir, parse_kconfig_arch, parse_kconfig_string, parse_makefile_include,
+    parse_uts_release,
 };
-use gpu_driver::host::{HostRoot, HostRootSource};
+use gpu_driver::host::{CpuArch, HostRoot, HostRootSource};
 use gpu_driver::modinfo::{parse_modinfo, read_modinfo};
 use gpu_driver::text::rfc3339_utc;
 
@@ -46,6 +47,13 @@ fn gcc_version_first_lines() {
         parse_version_first_line(&text("build/toolchain/gcc-14-trixie.version")).as_deref(),
         Some("gcc (Debian 14.2.0-19) 14.2.0")
     );
+    assert_eq!(
+        parse_version_first_line(&text(
+            "build/toolchain/aarch64-linux-gnu-gcc-12-bookworm.version"
+        ))
+        .as_deref(),
+        Some("aarch64-linux-gnu-gcc-12 (Debian 12.2.0-14) 12.2.0")
+    );
     assert_eq!(parse_version_first_line("\n\n"), None);
 }
 
@@ -69,6 +77,10 @@ fn kernel_compiler_from_auto_conf_and_config() {
         (
             "config-trixie",
             "x86_64-linux-gnu-gcc-14 (Debian 14.2.0-19) 14.2.0",
+        ),
+        (
+            "config-bookworm-arm64",
+            "gcc-12 (Debian 12.2.0-14+deb12u1) 12.2.0",
         ),
     ] {
         let t = text(&format!("build/toolchain/{file}"));
@@ -94,6 +106,22 @@ fn kernel_compiler_from_auto_conf_and_config() {
 }
 
 #[test]
+fn the_kernels_architecture_comes_from_its_config() {
+    for (file, want) in [
+        ("config-bookworm", Some(CpuArch::X86_64)),
+        ("config-trixie", Some(CpuArch::X86_64)),
+        ("config-bookworm-arm64", Some(CpuArch::Aarch64)),
+        // auto.conf excerpts without the symbol: unknown.
+        ("auto.conf-bookworm", None),
+    ] {
+        let t = text(&format!("build/toolchain/{file}"));
+        assert_eq!(parse_kconfig_arch(&t), want, "{file}");
+    }
+    assert_eq!(parse_kconfig_arch("# CONFIG_ARM64 is not set\n"), None);
+    assert_eq!(parse_kconfig_arch("CONFIG_ARM64_4K_PAGES=y\n"), None);
+}
+
+#[test]
 fn compilers_compare_without_their_program_name() {
     let gcc12 = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0";
     let gcc14 = "gcc (Debian 14.2.0-19) 14.2.0";
@@ -106,6 +134,13 @@ fn compilers_compare_without_their_program_name() {
     ))
     .unwrap();
     assert_eq!(compare_compilers(&cross, k14), CompilerMatch::Same);
+    // The cross gcc of bookworm against the arm64 kernel's (built natively
+    // with gcc-12 of a later point release): the same gcc, a warning only.
+    let arm = parse_version_first_line(&text(
+        "build/toolchain/aarch64-linux-gnu-gcc-12-bookworm.version",
+    ))
+    .unwrap();
+    assert_eq!(compare_compilers(&arm, k12), CompilerMatch::SameVersion);
     // A Debian point release of the same gcc: compatible.
     assert_eq!(
         compare_compilers("gcc (Debian 12.2.0-14+deb12u2) 12.2.0", k12),
@@ -122,7 +157,8 @@ fn compilers_compare_without_their_program_name() {
 #[test]
 fn check_compiler_reports_both_strings_on_mismatch() {
     // The host's own gcc against a kernel text that cannot be it.
-    if choose_compiler(None, &std::env::var_os("PATH").unwrap_or_default()).is_none() {
+    let native = Target::new(CpuArch::X86_64, CpuArch::X86_64);
+    if choose_compiler(None, &native, &std::env::var_os("PATH").unwrap_or_default()).is_none() {
         eprintln!("no gcc on this machine: only the parsers are checked");
         return;
     }
@@ -151,22 +187,26 @@ fn fake_path(tools: &[&str]) -> tempfile::TempDir {
 #[test]
 fn the_kernels_compiler_is_preferred_and_tools_are_required() {
     let k12 = Some("gcc-12 (Debian 12.2.0-14+deb12u1) 12.2.0");
+    let t = &Target::new(CpuArch::X86_64, CpuArch::X86_64);
     let all = fake_path(&["gcc", "gcc-12", "make", "ld", "strip"]);
     let path = all.path().as_os_str();
-    assert_eq!(choose_compiler(k12, path).as_deref(), Some("gcc-12"));
-    assert_eq!(check_tools(k12, path).unwrap(), "gcc-12");
+    assert_eq!(choose_compiler(k12, t, path).as_deref(), Some("gcc-12"));
+    assert_eq!(check_tools(k12, t, path).unwrap(), "gcc-12");
     // Without the kernel's named compiler, plain gcc.
     let plain = fake_path(&["gcc", "make", "ld", "strip"]);
-    assert_eq!(check_tools(k12, plain.path().as_os_str()).unwrap(), "gcc");
+    assert_eq!(
+        check_tools(k12, t, plain.path().as_os_str()).unwrap(),
+        "gcc"
+    );
 
     let no_cc = fake_path(&["make", "ld", "strip"]);
-    let e = check_tools(k12, no_cc.path().as_os_str()).unwrap_err();
+    let e = check_tools(k12, t, no_cc.path().as_os_str()).unwrap_err();
     assert_eq!(e.reason, Reason::CompilerMissing);
     assert!(e.message.contains("gcc not found"), "{}", e.message);
     assert!(e.message.contains("apt-get install"), "{}", e.message);
 
     let no_make = fake_path(&["gcc", "ld"]);
-    let e = check_tools(None, no_make.path().as_os_str()).unwrap_err();
+    let e = check_tools(None, t, no_make.path().as_os_str()).unwrap_err();
     assert!(e.message.contains("make, strip not found"), "{}", e.message);
 
     // Not executable does not count.
@@ -174,11 +214,139 @@ fn the_kernels_compiler_is_preferred_and_tools_are_required() {
     let gcc = dir.path().join("gcc");
     fs::write(&gcc, "").unwrap();
     assert_eq!(
-        check_tools(None, dir.path().as_os_str())
+        check_tools(None, t, dir.path().as_os_str())
             .unwrap_err()
             .reason,
         Reason::CompilerMissing
     );
+}
+
+#[test]
+fn a_cross_build_uses_the_targets_tools() {
+    let k12 = Some("gcc-12 (Debian 12.2.0-14+deb12u1) 12.2.0");
+    let arm = Target::new(CpuArch::Aarch64, CpuArch::X86_64);
+    assert!(arm.is_cross());
+    assert_eq!(arm.cross_prefix, "aarch64-linux-gnu-");
+    assert_eq!(arm.tool("strip"), "aarch64-linux-gnu-strip");
+    assert_eq!(arm.make_arch(), "arm64");
+    // The root of `scripts/builder-root bookworm-arm64`: the cross gcc of
+    // the kernel's major, the cross binutils, and a native gcc besides.
+    let cross = fake_path(&[
+        "gcc",
+        "gcc-12",
+        "make",
+        "ld",
+        "strip",
+        "aarch64-linux-gnu-gcc",
+        "aarch64-linux-gnu-gcc-12",
+        "aarch64-linux-gnu-ld",
+        "aarch64-linux-gnu-strip",
+    ]);
+    let path = cross.path().as_os_str();
+    assert_eq!(
+        check_tools(k12, &arm, path).unwrap(),
+        "aarch64-linux-gnu-gcc-12"
+    );
+    // A kernel built by another cross gcc names its triplet: ours replaces it.
+    let k14 = Some("x86_64-linux-gnu-gcc-14 (Debian 14.2.0-19) 14.2.0");
+    assert_eq!(
+        choose_compiler(k14, &arm, path).as_deref(),
+        Some("aarch64-linux-gnu-gcc")
+    );
+    // The native tools do not count for a cross build.
+    let native_only = fake_path(&["gcc", "gcc-12", "make", "ld", "strip"]);
+    let e = check_tools(k12, &arm, native_only.path().as_os_str()).unwrap_err();
+    assert_eq!(e.reason, Reason::CompilerMissing);
+    assert!(
+        e.message.contains(
+            "aarch64-linux-gnu-gcc, aarch64-linux-gnu-ld, aarch64-linux-gnu-strip not found"
+        ),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains("binutils-aarch64-linux-gnu"),
+        "{}",
+        e.message
+    );
+    // An x86_64 build on an arm64 builder.
+    let x86 = Target::new(CpuArch::X86_64, CpuArch::Aarch64);
+    assert_eq!(x86.cross_prefix, "x86_64-linux-gnu-");
+    assert_eq!(x86.make_arch(), "x86_64");
+    let native = Target::new(CpuArch::Aarch64, CpuArch::Aarch64);
+    assert!(!native.is_cross());
+    assert_eq!(native.tool("strip"), "strip");
+}
+
+#[test]
+fn make_gets_arch_and_cross_compile_only_for_a_cross_build() {
+    let h = gpu_driver::headers::KernelHeaders {
+        arch_dir: PathBuf::from("/usr/src/linux-headers-6.1.0-50-cloud-arm64"),
+        common_dir: PathBuf::from("/usr/src/linux-headers-6.1.0-50-common"),
+        release: "6.1.0-50-cloud-arm64".into(),
+        cc_version_text: None,
+        arch: Some(CpuArch::Aarch64),
+    };
+    let args = |t: &Target| -> Vec<String> {
+        make_args(Path::new("/t"), 2, &h.release, &h, "cc", t)
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    };
+    let cross = args(&Target::new(CpuArch::Aarch64, CpuArch::X86_64));
+    assert_eq!(
+        cross,
+        [
+            "-j2",
+            "-C",
+            "/t",
+            "KERNEL_UNAME=6.1.0-50-cloud-arm64",
+            "SYSSRC=/usr/src/linux-headers-6.1.0-50-common",
+            "SYSOUT=/usr/src/linux-headers-6.1.0-50-cloud-arm64",
+            "CC=cc",
+            "ARCH=arm64",
+            "CROSS_COMPILE=aarch64-linux-gnu-",
+            "modules"
+        ]
+    );
+    let native = args(&Target::new(CpuArch::Aarch64, CpuArch::Aarch64));
+    assert!(
+        !native
+            .iter()
+            .any(|a| a.starts_with("ARCH=") || a.starts_with("CROSS_COMPILE="))
+    );
+    assert_eq!(native.last().map(String::as_str), Some("modules"));
+}
+
+#[test]
+fn the_target_architecture_is_the_headers_and_the_flag_must_agree() {
+    let mut h = gpu_driver::headers::KernelHeaders {
+        arch_dir: PathBuf::from("/usr/src/linux-headers-6.1.0-50-cloud-arm64"),
+        common_dir: PathBuf::from("/usr/src/linux-headers-6.1.0-50-common"),
+        release: "6.1.0-50-cloud-arm64".into(),
+        cc_version_text: None,
+        arch: Some(CpuArch::Aarch64),
+    };
+    assert_eq!(target_arch(None, &h).unwrap(), CpuArch::Aarch64);
+    assert_eq!(
+        target_arch(Some(CpuArch::Aarch64), &h).unwrap(),
+        CpuArch::Aarch64
+    );
+    let e = target_arch(Some(CpuArch::X86_64), &h).unwrap_err();
+    assert_eq!(e.reason, Reason::KernelHeadersMismatch);
+    assert!(
+        e.message.contains("--arch x86_64") && e.message.contains("are for aarch64"),
+        "{}",
+        e.message
+    );
+    // Headers whose configuration names no architecture: the flag, else
+    // the builder's own.
+    h.arch = None;
+    assert_eq!(
+        target_arch(Some(CpuArch::Aarch64), &h).unwrap(),
+        CpuArch::Aarch64
+    );
+    assert_eq!(target_arch(None, &h).unwrap(), CpuArch::running().unwrap());
 }
 
 // ---------------------------------------------------------------- headers
@@ -192,6 +360,10 @@ fn headers_release_and_common_dir_files() {
     assert_eq!(
         parse_uts_release(&text("build/toolchain/utsrelease.h-trixie")).as_deref(),
         Some("6.12.117+deb13-cloud-amd64")
+    );
+    assert_eq!(
+        parse_uts_release(&text("build/toolchain/utsrelease.h-bookworm-arm64")).as_deref(),
+        Some("6.1.0-50-cloud-arm64")
     );
     assert_eq!(parse_uts_release("#define UTS_RELEASE_X \"1\"\n"), None);
     assert_eq!(
@@ -509,9 +681,39 @@ fn modinfo_of_a_real_module() {
             .any(|(k, v)| k == "parmtype" && v == "peerdirect_support:int")
     );
     check_vermagic("nvidia-peermem.ko", &info.vermagic, "6.1.0-50-cloud-amd64").unwrap();
+    assert_eq!(info.machine, gpu_driver::modinfo::EM_X86_64);
+    check_machine("nvidia-peermem.ko", info.machine, CpuArch::X86_64).unwrap();
+    let e = check_machine("nvidia-peermem.ko", info.machine, CpuArch::Aarch64).unwrap_err();
+    assert_eq!(e.reason, Reason::BuildFailed);
+    assert_eq!(
+        e.message,
+        "nvidia-peermem.ko was built for x86_64, not for aarch64"
+    );
     let e = check_vermagic("nvidia-peermem.ko", &info.vermagic, "6.1.0-5").unwrap_err();
     assert_eq!(e.reason, Reason::BuildFailed);
     assert!(e.message.contains("nvidia-peermem.ko"), "{}", e.message);
+
+    // The same module cross-built for arm64 (scripts/builder-root
+    // bookworm-arm64, stripped by aarch64-linux-gnu-strip): ELF64
+    // little-endian like x86_64, e_machine 183, arm64's vermagic.
+    let arm = read_modinfo(&fixture(
+        "modules/nvidia-peermem-535.261.03-open-6.1.0-50-cloud-arm64.ko",
+    ))
+    .unwrap();
+    assert_eq!(arm.name, "nvidia_peermem");
+    assert_eq!(arm.machine, gpu_driver::modinfo::EM_AARCH64);
+    assert_eq!(
+        arm.vermagic,
+        "6.1.0-50-cloud-arm64 SMP mod_unload modversions aarch64"
+    );
+    assert_eq!(arm.version.as_deref(), Some("535.261.03"));
+    check_machine("nvidia-peermem.ko", arm.machine, CpuArch::Aarch64).unwrap();
+    assert_eq!(
+        check_machine("nvidia-peermem.ko", arm.machine, CpuArch::X86_64)
+            .unwrap_err()
+            .message,
+        "nvidia-peermem.ko was built for aarch64, not for x86_64"
+    );
 
     // Every truncation of the real module fails cleanly, never panics.
     let bytes = fs::read(&ko).unwrap();

@@ -313,6 +313,7 @@ fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
         "--sha256",
         "--allow-http",
         "--ca-bundle",
+        "--apt-keyring",
         "--catalog",
         "--cache-url",
     ] {

@@ -83,6 +83,97 @@ fn module_names(modules: &str) -> Vec<String> {
     names
 }
 
+/// A block's exit code and result document.
+fn doc(b: &BTreeMap<String, Block>, name: &str) -> (Option<i32>, Value) {
+    match b.get(name) {
+        Some(block) => (
+            block.rc,
+            serde_json::from_str(&block.text).unwrap_or(Value::Null),
+        ),
+        None => (None, Value::Null),
+    }
+}
+
+fn text(b: &BTreeMap<String, Block>, name: &str) -> String {
+    b.get(name).map(|x| x.text.clone()).unwrap_or_default()
+}
+
+fn reason(v: &Value) -> String {
+    v["status"]["reason"].as_str().unwrap_or("").to_string()
+}
+
+fn message(v: &Value) -> String {
+    v["status"]["message"].as_str().unwrap_or("").to_string()
+}
+
+/// `@@VM <key>=<value>@@` of the console.
+fn vm_fact(log: &str, key: &str) -> String {
+    let marker = format!("@@VM {key}=");
+    log.lines()
+        .find_map(|l| {
+            l.trim_end_matches('\r')
+                .split_once(marker.as_str())
+                .map(|(_, k)| k)
+        })
+        .map(|l| l.trim_end_matches("@@").to_string())
+        .unwrap_or_default()
+}
+
+/// (2) nvidia.ko without a GPU: the kernel's own refusal, quoted; (3) run
+/// on a node without a GPU. The same on both architectures.
+fn nvidia_and_run(c: &mut Checks, b: &BTreeMap<String, Block>) {
+    let doc = |name: &str| doc(b, name);
+    let text = |name: &str| text(b, name);
+    let (rc, v) = doc("nvidia");
+    c.check(
+        "nvidia: ModuleLoadFailed, exit 14",
+        rc == Some(14) && reason(&v) == "ModuleLoadFailed",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    c.check(
+        "nvidia: errno ENODEV",
+        message(&v).contains("ENODEV")
+            && v["status"]["modules"].as_array().is_some_and(|m| {
+                m.iter()
+                    .any(|m| m["name"] == "nvidia" && m["errno"] == "ENODEV")
+            }),
+        message(&v),
+    );
+    c.check(
+        "nvidia: quotes the kernel's \"NVRM: No NVIDIA GPU found.\"",
+        message(&v).contains("NVRM: No NVIDIA GPU found.")
+            && v["status"]["kernelLog"].as_array().is_some_and(|l| {
+                l.iter().any(|x| {
+                    x.as_str()
+                        .is_some_and(|s| s.contains("NVRM: No NVIDIA GPU found."))
+                })
+            }),
+        message(&v),
+    );
+    c.check(
+        "nvidia: nothing NVIDIA stays loaded",
+        !module_names(&text("nvidia.modules"))
+            .iter()
+            .any(|m| m.starts_with("nvidia")),
+        text("nvidia.modules"),
+    );
+
+    // (3) run on a node without a GPU.
+    let (rc, v) = doc("run");
+    c.check(
+        "run: Skipped NoGpu, exit 3",
+        rc == Some(3) && reason(&v) == "NoGpu" && v["status"]["phase"] == "Skipped",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    c.check(
+        "run: stopped after detect",
+        v["status"]["steps"]
+            .as_array()
+            .is_some_and(|s| s.len() == 1),
+        &v["status"]["steps"],
+    );
+}
+
 #[test]
 #[ignore = "run by scripts/vm-test, which boots the VM and sets GPU_DRIVER_VM_LOG"]
 fn vm_results() {
@@ -95,28 +186,9 @@ fn vm_results() {
         passed: 0,
         failed: 0,
     };
-    let doc = |name: &str| -> (Option<i32>, Value) {
-        match b.get(name) {
-            Some(block) => (
-                block.rc,
-                serde_json::from_str(&block.text).unwrap_or(Value::Null),
-            ),
-            None => (None, Value::Null),
-        }
-    };
-    let text = |name: &str| b.get(name).map(|x| x.text.clone()).unwrap_or_default();
-    let reason = |v: &Value| v["status"]["reason"].as_str().unwrap_or("").to_string();
-    let message = |v: &Value| v["status"]["message"].as_str().unwrap_or("").to_string();
-
-    let booted = log
-        .lines()
-        .find_map(|l| {
-            l.trim_end_matches('\r')
-                .split_once("@@VM kernel=")
-                .map(|(_, k)| k)
-        })
-        .map(|l| l.trim_end_matches("@@").to_string())
-        .unwrap_or_default();
+    let doc = |name: &str| doc(&b, name);
+    let text = |name: &str| text(&b, name);
+    let booted = vm_fact(&log, "kernel");
     c.check(
         "VM booted the kernel the modules were built for",
         !booted.is_empty() && (release.is_empty() || booted == release),
@@ -196,55 +268,7 @@ fn vm_results() {
         &dmesg,
     );
 
-    // (2) nvidia.ko without a GPU: the kernel's own refusal, quoted.
-    let (rc, v) = doc("nvidia");
-    c.check(
-        "nvidia: ModuleLoadFailed, exit 14",
-        rc == Some(14) && reason(&v) == "ModuleLoadFailed",
-        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
-    );
-    c.check(
-        "nvidia: errno ENODEV",
-        message(&v).contains("ENODEV")
-            && v["status"]["modules"].as_array().is_some_and(|m| {
-                m.iter()
-                    .any(|m| m["name"] == "nvidia" && m["errno"] == "ENODEV")
-            }),
-        message(&v),
-    );
-    c.check(
-        "nvidia: quotes the kernel's \"NVRM: No NVIDIA GPU found.\"",
-        message(&v).contains("NVRM: No NVIDIA GPU found.")
-            && v["status"]["kernelLog"].as_array().is_some_and(|l| {
-                l.iter().any(|x| {
-                    x.as_str()
-                        .is_some_and(|s| s.contains("NVRM: No NVIDIA GPU found."))
-                })
-            }),
-        message(&v),
-    );
-    c.check(
-        "nvidia: nothing NVIDIA stays loaded",
-        !module_names(&text("nvidia.modules"))
-            .iter()
-            .any(|m| m.starts_with("nvidia")),
-        text("nvidia.modules"),
-    );
-
-    // (3) run on a node without a GPU.
-    let (rc, v) = doc("run");
-    c.check(
-        "run: Skipped NoGpu, exit 3",
-        rc == Some(3) && reason(&v) == "NoGpu" && v["status"]["phase"] == "Skipped",
-        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
-    );
-    c.check(
-        "run: stopped after detect",
-        v["status"]["steps"]
-            .as_array()
-            .is_some_and(|s| s.len() == 1),
-        &v["status"]["steps"],
-    );
+    nvidia_and_run(&mut c, &b);
 
     // (5) the ways onto a host: nsenter into PID 1's namespaces, and a
     // pod-like chroot in its own mount namespace with --host-root
@@ -270,6 +294,49 @@ fn vm_results() {
     assert_eq!(
         c.failed, 0,
         "{} VM assertion(s) failed; console: {path}",
+        c.failed
+    );
+}
+
+/// The arm64 VM of `scripts/vm-test-arm64`: Debian's arm64 cloud kernel on
+/// an emulated cortex-a57, the static aarch64 installer, and the arm64
+/// artifact cross-built on the x86_64 machine.
+#[test]
+#[ignore = "run by scripts/vm-test-arm64, which boots the VM and sets GPU_DRIVER_VM_ARM64_LOG"]
+fn vm_arm64_results() {
+    let path =
+        std::env::var("GPU_DRIVER_VM_ARM64_LOG").expect("GPU_DRIVER_VM_ARM64_LOG: the console log");
+    let release = std::env::var("GPU_DRIVER_VM_RELEASE").unwrap_or_default();
+    let log = std::fs::read_to_string(&path).expect("reading the console log");
+    let b = blocks(&log);
+    let mut c = Checks {
+        passed: 0,
+        failed: 0,
+    };
+    let booted = vm_fact(&log, "kernel");
+    c.check(
+        "arm64 VM booted the kernel the modules were built for",
+        !booted.is_empty()
+            && booted.ends_with("-arm64")
+            && (release.is_empty() || booted == release),
+        format!("booted {booted:?}, expected {release:?}"),
+    );
+    let machine = vm_fact(&log, "machine");
+    c.check(
+        "the VM's CPU is aarch64",
+        machine == "aarch64",
+        format!("uname -m {machine:?}"),
+    );
+    c.check(
+        "init ran to the end",
+        log.contains("@@DONE@@"),
+        "no @@DONE@@ marker",
+    );
+    nvidia_and_run(&mut c, &b);
+    println!("{} passed, {} failed", c.passed, c.failed);
+    assert_eq!(
+        c.failed, 0,
+        "{} arm64 VM assertion(s) failed; console: {path}",
         c.failed
     );
 }
