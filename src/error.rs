@@ -155,6 +155,9 @@ pub enum Reason {
     CatalogChecked,
     /// `verify`: nvidia-smi is missing, failed, or disagrees with detect.
     VerifyFailed,
+    /// `verify`: the driver root's libcuda could not be loaded, or a CUDA
+    /// driver API call (cuInit, context, allocation, copy) failed on a device.
+    CudaCheckFailed,
     /// A bug: something that should not happen did.
     Internal,
 }
@@ -216,6 +219,7 @@ impl Reason {
         Reason::Verified,
         Reason::CatalogChecked,
         Reason::VerifyFailed,
+        Reason::CudaCheckFailed,
         Reason::Internal,
     ];
 
@@ -258,7 +262,7 @@ impl Reason {
             | Reason::ModuleLoadFailed
             | Reason::ModuleUnloadFailed
             | Reason::DriverInUse => ReasonClass::Install,
-            Reason::VerifyFailed => ReasonClass::Verify,
+            Reason::VerifyFailed | Reason::CudaCheckFailed => ReasonClass::Verify,
         }
     }
 
@@ -315,6 +319,7 @@ impl Reason {
             Reason::Verified => "Verified",
             Reason::CatalogChecked => "CatalogChecked",
             Reason::VerifyFailed => "VerifyFailed",
+            Reason::CudaCheckFailed => "CudaCheckFailed",
             Reason::Internal => "Internal",
         }
     }

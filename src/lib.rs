@@ -10,6 +10,7 @@ pub mod build;
 pub mod cache;
 pub mod catalog;
 pub mod cli;
+pub mod cuda;
 pub mod deb;
 pub mod detect;
 pub mod error;

@@ -56,6 +56,8 @@ pub struct Config {
     pub load: LoadSettings,
     /// nvidia-smi for the verify step.
     pub nvidia_smi: Option<PathBuf>,
+    /// libcuda for the verify step's CUDA check (`verify --libcuda` only).
+    pub libcuda: Option<PathBuf>,
 }
 
 /// How packages are downloaded.
@@ -103,6 +105,7 @@ impl Config {
                 ..LoadSettings::default()
             },
             nvidia_smi: None,
+            libcuda: None,
         }
     }
 
@@ -389,11 +392,13 @@ pub fn install(cfg: &Config, artifact: &Path) -> install::InstallResult {
     install::install(&cfg.install_options(artifact.to_path_buf()))
 }
 
-/// `verify`: nvidia-smi against detect and the installed manifest.
+/// `verify`: nvidia-smi against detect and the installed manifest, and the
+/// CUDA check.
 pub fn verify(cfg: &Config, driver_version: Option<String>) -> verify::VerifyResult {
     verify::verify(&VerifyOptions {
         root: &cfg.root,
         nvidia_smi: cfg.nvidia_smi.clone(),
+        libcuda: cfg.libcuda.clone(),
         driver_version,
     })
 }
