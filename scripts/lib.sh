@@ -47,13 +47,15 @@ ensure_tools() {
 # compressors build the tests' .run files; dpkg-deb unpacks Debian's NVIDIA
 # source tarball for the extraction tests.
 # dpkg-scanpackages indexes the local apt repository of real kernel headers;
-# gcc and make compile a test module against them; kbuild's prebuilt tools
+# gcc and make compile a test module against them; gcc (as cc, with
+# libc6-dev) also builds the CUDA check helper in build.rs, so every cargo
+# build needs it, and the tests' stub libcuda; kbuild's prebuilt tools
 # link libelf (objtool) and libcrypto (sign-file). scripts/local-cluster
 # makes its certificates with openssl and polls health endpoints with curl;
 # scripts/k8s-bins locks its cache with flock.
 TEST_TOOLS=(file:file chroot:coreutils makeself:makeself xz:xz-utils bzip2:bzip2
   zstd:zstd cksum:coreutils dpkg-deb:dpkg dpkg-scanpackages:dpkg-dev gzip:gzip
-  gcc:gcc make:make /usr/include/stdio.h:libc6-dev
+  gcc:gcc cc:gcc make:make /usr/include/stdio.h:libc6-dev
   /usr/lib/x86_64-linux-gnu/libelf.so.1:libelf1 /usr/lib/x86_64-linux-gnu/libcrypto.so.3:libssl3
   openssl:openssl curl:curl flock:util-linux)
 

@@ -92,7 +92,8 @@ pub enum Command {
     Install(InstallArgs),
     /// Unload NVIDIA's modules (or --module NAME ...), holders first.
     Uninstall(UninstallArgs),
-    /// Run the installed nvidia-smi and compare with detect.
+    /// Run the installed nvidia-smi and compare with detect; run CUDA
+    /// (libcuda: context, allocation, copy) on every device.
     Verify(VerifyArgs),
     /// The Job: detect, resolve, fetch, build, install, verify.
     Run(RunArgs),
@@ -162,6 +163,10 @@ pub struct VerifyArgs {
     /// nvidia-smi to run. Default: <host-root>/var/lib/gpu-driver/drivers/current/usr/bin/nvidia-smi.
     #[arg(long, value_name = "PATH")]
     pub nvidia_smi: Option<PathBuf>,
+    /// libcuda.so.1 for the CUDA check. Default:
+    /// <host-root>/var/lib/gpu-driver/drivers/current/usr/lib/<arch>-linux-gnu/libcuda.so.1.
+    #[arg(long, value_name = "PATH")]
+    pub libcuda: Option<PathBuf>,
     /// Expected driver version. Default: the current driver root's manifest.
     #[arg(long, value_name = "VERSION")]
     pub driver_version: Option<String>,
@@ -445,6 +450,7 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         Command::Verify(args) => {
             let mut cfg = config(g);
             cfg.nvidia_smi = args.nvidia_smi.clone();
+            cfg.libcuda = args.libcuda.clone();
             let doc = run::verify(&cfg, args.driver_version.clone());
             deliver(g, Kind::VerifyResult, &doc)
         }

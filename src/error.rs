@@ -158,6 +158,9 @@ pub enum Reason {
     CatalogChecked,
     /// `verify`: nvidia-smi is missing, failed, or disagrees with detect.
     VerifyFailed,
+    /// `verify`: the driver root's libcuda could not be loaded, or a CUDA
+    /// driver API call (cuInit, context, allocation, copy) failed on a device.
+    CudaCheckFailed,
     /// A bug: something that should not happen did.
     Internal,
 }
@@ -220,6 +223,7 @@ impl Reason {
         Reason::Verified,
         Reason::CatalogChecked,
         Reason::VerifyFailed,
+        Reason::CudaCheckFailed,
         Reason::Internal,
     ];
 
@@ -263,7 +267,7 @@ impl Reason {
             | Reason::ModuleLoadFailed
             | Reason::ModuleUnloadFailed
             | Reason::DriverInUse => ReasonClass::Install,
-            Reason::VerifyFailed => ReasonClass::Verify,
+            Reason::VerifyFailed | Reason::CudaCheckFailed => ReasonClass::Verify,
         }
     }
 
@@ -321,6 +325,7 @@ impl Reason {
             Reason::Verified => "Verified",
             Reason::CatalogChecked => "CatalogChecked",
             Reason::VerifyFailed => "VerifyFailed",
+            Reason::CudaCheckFailed => "CudaCheckFailed",
             Reason::Internal => "Internal",
         }
     }

@@ -11,6 +11,7 @@ pub mod build;
 pub mod cache;
 pub mod catalog;
 pub mod cli;
+pub mod cuda;
 pub mod deb;
 pub mod detect;
 pub mod error;

@@ -56,6 +56,8 @@ pub struct Config {
     pub load: LoadSettings,
     /// nvidia-smi for the verify step.
     pub nvidia_smi: Option<PathBuf>,
+    /// libcuda for the verify step's CUDA check (`verify --libcuda` only).
+    pub libcuda: Option<PathBuf>,
 }
 
 /// How packages are downloaded.
@@ -106,6 +108,7 @@ impl Config {
                 ..LoadSettings::default()
             },
             nvidia_smi: None,
+            libcuda: None,
         }
     }
 
@@ -432,11 +435,13 @@ fn install_planned(
     install::install(&opts)
 }
 
-/// `verify`: nvidia-smi against detect and the installed manifest.
+/// `verify`: nvidia-smi against detect and the installed manifest, and the
+/// CUDA check.
 pub fn verify(cfg: &Config, driver_version: Option<String>) -> verify::VerifyResult {
     verify::verify(&VerifyOptions {
         root: &cfg.root,
         nvidia_smi: cfg.nvidia_smi.clone(),
+        libcuda: cfg.libcuda.clone(),
         driver_version,
     })
 }

@@ -1,11 +1,15 @@
 //! `verify`: asks the installed driver's own `nvidia-smi` what it sees and
-//! compares that with detect (GPU count) and the installed driver version.
+//! compares that with detect (GPU count) and the installed driver version,
+//! and runs the CUDA check ([`crate::cuda`]): the driver root's libcuda
+//! through the CUDA driver API on every device. Both checks always run and
+//! both are reported.
 
 use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::cuda::{self, CudaStatus};
 use crate::error::{Error, Result};
 use crate::host::{self, HostRoot, PciRole};
 use crate::install::DRIVERS_DIR;
@@ -22,6 +26,9 @@ pub const SMI_ARGS: &[&str] = &[
 pub struct VerifySpec {
     pub host_root: String,
     pub nvidia_smi: String,
+    /// The libcuda the CUDA check loads.
+    #[serde(default)]
+    pub libcuda: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
 }
@@ -48,6 +55,10 @@ pub struct VerifyStatus {
     pub expected_gpu_count: Option<usize>,
     #[serde(default)]
     pub gpus: Vec<SmiGpu>,
+    /// The CUDA check: driver API version, device count, each device's
+    /// result; reported also when nvidia-smi failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<CudaStatus>,
 }
 
 pub type VerifyResult = Document<VerifySpec, VerifyStatus>;
@@ -62,6 +73,8 @@ pub struct VerifyOptions<'a> {
     pub root: &'a HostRoot,
     /// Default: `<host-root>/var/lib/gpu-driver/drivers/current/usr/bin/nvidia-smi`.
     pub nvidia_smi: Option<PathBuf>,
+    /// Default: `<driver root>/usr/lib/<arch>-linux-gnu/libcuda.so.1`.
+    pub libcuda: Option<PathBuf>,
     /// Default: the current driver root's manifest.
     pub driver_version: Option<String>,
 }
@@ -155,14 +168,26 @@ pub fn default_nvidia_smi(root: &HostRoot) -> PathBuf {
     }
 }
 
+/// `<driver root>/usr/lib/<arch>-linux-gnu/libcuda.so.1`.
+pub fn default_libcuda(root: &HostRoot) -> PathBuf {
+    current_root(root)
+        .join(crate::userspace::lib_dir())
+        .join(cuda::LIBCUDA)
+}
+
 pub fn verify(opts: &VerifyOptions) -> VerifyResult {
     let smi = opts
         .nvidia_smi
         .clone()
         .unwrap_or_else(|| default_nvidia_smi(opts.root));
+    let libcuda = opts
+        .libcuda
+        .clone()
+        .unwrap_or_else(|| default_libcuda(opts.root));
     let spec = VerifySpec {
         host_root: opts.root.path().display().to_string(),
         nvidia_smi: smi.display().to_string(),
+        libcuda: libcuda.display().to_string(),
         driver_version: opts.driver_version.clone(),
     };
     let mut status = VerifyStatus {
@@ -173,20 +198,40 @@ pub fn verify(opts: &VerifyOptions) -> VerifyResult {
             .or_else(|| installed_version(opts.root)),
         expected_gpu_count: None,
         gpus: Vec::new(),
+        cuda: None,
     };
-    status.outcome = match verify_inner(opts.root, &smi, &mut status) {
-        Ok(msg) => Outcome::new(Reason::Verified, msg),
-        Err(e) => Outcome::from_error(&e),
-    };
+    let smi_result = gpu_count(opts.root).and_then(|count| {
+        status.expected_gpu_count = Some(count);
+        smi_check(&smi, &mut status, count)
+    });
+    let cuda = cuda::check(opts.root, &libcuda, status.expected_gpu_count);
+    status.outcome = combine(smi_result, &cuda);
+    status.cuda = Some(cuda);
     Document::new(Kind::VerifyResult, spec, status)
 }
 
-fn verify_inner(root: &HostRoot, smi: &Path, st: &mut VerifyStatus) -> Result<String> {
-    let count = host::read_pci_devices(&host::pci_devices_dir(root))?
+/// Both checks' outcome: nvidia-smi's failure first (its reason, with the
+/// CUDA check's result after it), else the CUDA check's
+/// (`CudaCheckFailed`), else `Verified`; the message always says both.
+pub fn combine(smi: Result<String>, cuda: &CudaStatus) -> Outcome {
+    match smi {
+        Err(e) => Outcome::new(e.reason, format!("{}; {}", e.message, cuda.message)),
+        Ok(msg) if !cuda.ok => {
+            Outcome::new(Reason::CudaCheckFailed, format!("{}; {msg}", cuda.message))
+        }
+        Ok(msg) => Outcome::new(Reason::Verified, format!("{msg}; {}", cuda.message)),
+    }
+}
+
+/// The GPUs detect counts on the PCI bus.
+fn gpu_count(root: &HostRoot) -> Result<usize> {
+    Ok(host::read_pci_devices(&host::pci_devices_dir(root))?
         .iter()
         .filter(|d| d.role() == PciRole::Gpu)
-        .count();
-    st.expected_gpu_count = Some(count);
+        .count())
+}
+
+fn smi_check(smi: &Path, st: &mut VerifyStatus, count: usize) -> Result<String> {
     if !smi.is_file() {
         return Err(Error::new(
             Reason::VerifyFailed,
@@ -239,6 +284,47 @@ NVIDIA H100 80GB HBM3, GPU-0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b, 535.261.03, 815
         assert_eq!(g[0].name, "A, B");
         assert!(parse_smi_csv("No devices were found").is_err());
         assert!(parse_smi_csv("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn both_checks_are_reported() {
+        let cuda_ok = CudaStatus {
+            ok: true,
+            message: "CUDA 12.2 (driver API) on 1 device(s): …".into(),
+            ..CudaStatus::default()
+        };
+        let cuda_failed = CudaStatus {
+            ok: false,
+            message: "CUDA: cuInit failed with 802 CUDA_ERROR_SYSTEM_NOT_READY".into(),
+            ..CudaStatus::default()
+        };
+        let o = combine(Ok("nvidia-smi sees 1 GPU(s)".into()), &cuda_ok);
+        assert_eq!(o.reason, Reason::Verified);
+        assert_eq!(
+            o.message,
+            "nvidia-smi sees 1 GPU(s); CUDA 12.2 (driver API) on 1 device(s): …"
+        );
+        // nvidia-smi works, CUDA does not (Fabric Manager on NVSwitch).
+        let o = combine(Ok("nvidia-smi sees 8 GPU(s)".into()), &cuda_failed);
+        assert_eq!(o.reason, Reason::CudaCheckFailed);
+        assert!(
+            o.message.starts_with("CUDA: cuInit failed with 802"),
+            "{}",
+            o.message
+        );
+        assert!(
+            o.message.ends_with("; nvidia-smi sees 8 GPU(s)"),
+            "{}",
+            o.message
+        );
+        // Both fail: nvidia-smi's reason, both messages.
+        let smi = Err(Error::new(Reason::VerifyFailed, "nvidia-smi exited with 9"));
+        let o = combine(smi, &cuda_failed);
+        assert_eq!(o.reason, Reason::VerifyFailed);
+        assert_eq!(
+            o.message,
+            "nvidia-smi exited with 9; CUDA: cuInit failed with 802 CUDA_ERROR_SYSTEM_NOT_READY"
+        );
     }
 
     #[test]

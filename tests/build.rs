@@ -663,7 +663,8 @@ fn compile_bookworm_open_535() {
 /// bus) whose `/proc/modules` says these very modules are loaded already
 /// (matched by srcversion/version), so that nothing reaches the kernel of
 /// the machine running the tests; then verify runs the placed, real
-/// nvidia-smi, which finds no NVIDIA kernel driver here and says so.
+/// nvidia-smi, which finds no NVIDIA kernel driver here and says so, and
+/// loads the placed, real libcuda, whose cuInit finds no device.
 fn install_and_verify_real_user_space(
     artifact: &Path,
     release: &str,
@@ -750,6 +751,15 @@ fn install_and_verify_real_user_space(
     let msg = message(&r);
     assert!(
         msg.contains("couldn't communicate with the NVIDIA driver"),
+        "{msg}"
+    );
+    // And the CUDA check, on the placed real libcuda with the host root's
+    // loader and glibc: libcuda's own error for a machine without a GPU.
+    let cuda = &r.doc["status"]["cuda"];
+    assert_eq!(cuda["error"]["call"], "cuInit", "{}", r.doc);
+    assert_eq!(cuda["error"]["name"], "CUDA_ERROR_NO_DEVICE", "{}", r.doc);
+    assert!(
+        msg.contains("; CUDA: cuInit failed with 100 CUDA_ERROR_NO_DEVICE"),
         "{msg}"
     );
     eprintln!("verify with NVIDIA's nvidia-smi {driver} and no driver: {msg}");

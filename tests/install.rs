@@ -196,7 +196,9 @@ fn verify_without_nvidia_smi_names_the_path() {
 #[test]
 fn verify_runs_the_given_nvidia_smi_and_compares() {
     // A stand-in script printing NVIDIA's documented CSV for one T4: the
-    // comparison logic on a real process boundary (no GPU here).
+    // comparison logic on a real process boundary (no GPU here); CUDA's
+    // check on a stub libcuda that succeeds, run with the host root's
+    // loader and glibc.
     let tmp = tempfile::tempdir().unwrap();
     let smi = tmp.path().join("nvidia-smi");
     fs::write(
@@ -205,13 +207,16 @@ fn verify_runs_the_given_nvidia_smi_and_compares() {
     )
     .unwrap();
     fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let root = fixture("debian-12-t4-headers");
+    let root = host_support::installable_host(tmp.path());
+    let libcuda = host_support::stub_libcuda(&tmp.path().join("cuda"), &[]);
     let base = [
         "--host-root",
         root.to_str().unwrap(),
         "verify",
         "--nvidia-smi",
         smi.to_str().unwrap(),
+        "--libcuda",
+        libcuda.to_str().unwrap(),
     ];
     let mut args = base.to_vec();
     args.extend(["--driver-version", "535.261.03"]);
@@ -219,6 +224,7 @@ fn verify_runs_the_given_nvidia_smi_and_compares() {
     assert_eq!(code, 0, "{doc}");
     assert_eq!(doc["status"]["reason"], "Verified");
     assert_eq!(doc["status"]["gpus"][0]["name"], "Tesla T4");
+    assert_eq!(doc["status"]["cuda"]["ok"], true, "{doc}");
     let mut args = base.to_vec();
     args.extend(["--driver-version", "550.163.01"]);
     let (code, doc) = run(&args);
@@ -314,7 +320,8 @@ fn lib_dir() -> String {
 
 /// An artifact directory in build's layout with user space: the module
 /// (version `version`), `usr/bin/nvidia-smi`, the library and its SONAME
-/// link.
+/// link, and a stub libcuda (`libcuda.so.<version>`, `libcuda.so.1`) that
+/// passes verify's CUDA check.
 fn artifact_with_user_space(dir: &Path, release: &str, version: &str) {
     artifact_with(dir, release, version, "gpu_driver_test", None);
 }
@@ -323,6 +330,8 @@ fn artifact_with_user_space(dir: &Path, release: &str, version: &str) {
 /// when given, one flat firmware file `firmware/gsp_test.bin`.
 fn artifact_with(dir: &Path, release: &str, version: &str, module: &str, fw: Option<&[u8]>) {
     let (smi, lib) = user_space(&dir.with_extension("src"), version);
+    let cuda = fs::read(host_support::stub_libcuda(&dir.with_extension("cuda"), &[])).unwrap();
+    let cuda_name = format!("libcuda.so.{version}");
     let lib_name = format!("libnvidia-ml.so.{version}");
     let ld = lib_dir();
     fs::create_dir_all(dir.join("modules")).unwrap();
@@ -336,6 +345,7 @@ fn artifact_with(dir: &Path, release: &str, version: &str, module: &str, fw: Opt
     fs::write(dir.join(&ko_file), &ko).unwrap();
     fs::write(dir.join("usr/bin/nvidia-smi"), &smi).unwrap();
     fs::write(dir.join(&ld).join(&lib_name), &lib).unwrap();
+    fs::write(dir.join(&ld).join(&cuda_name), &cuda).unwrap();
     let sum = |b: &[u8]| hex::encode(Sha256::digest(b));
     let mut firmware = Vec::new();
     if let Some(fw) = fw {
@@ -353,8 +363,12 @@ fn artifact_with(dir: &Path, release: &str, version: &str, module: &str, fw: Opt
         "userSpace": [
             {"file": "usr/bin/nvidia-smi", "sha256": sum(&smi), "sizeBytes": smi.len(), "mode": 0o755},
             {"file": format!("{ld}/{lib_name}"), "sha256": sum(&lib), "sizeBytes": lib.len(), "mode": 0o755},
+            {"file": format!("{ld}/{cuda_name}"), "sha256": sum(&cuda), "sizeBytes": cuda.len(), "mode": 0o755},
         ],
-        "links": [{"file": format!("{ld}/libnvidia-ml.so.1"), "target": lib_name}],
+        "links": [
+            {"file": format!("{ld}/libnvidia-ml.so.1"), "target": lib_name},
+            {"file": format!("{ld}/libcuda.so.1"), "target": cuda_name},
+        ],
     });
     fs::write(
         dir.join("manifest.json"),

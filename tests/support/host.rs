@@ -12,7 +12,8 @@ fn t4_fixture() -> PathBuf {
 
 /// A copy (at `dir/host`) of the T4 fixture host root (one GPU on its PCI
 /// bus) that install can complete in: `/dev`, this machine's own static
-/// ldconfig, an `ld.so.conf` that includes `ld.so.conf.d`.
+/// ldconfig, an `ld.so.conf` that includes `ld.so.conf.d`, and this
+/// machine's dynamic loader and glibc (for verify's CUDA check).
 pub fn installable_host(dir: &Path) -> PathBuf {
     let host = dir.join("host");
     let st = Command::new("cp")
@@ -31,7 +32,75 @@ pub fn installable_host(dir: &Path) -> PathBuf {
         "include /etc/ld.so.conf.d/*.conf\n",
     )
     .unwrap();
+    add_glibc(&host);
     host
+}
+
+/// Copies this machine's dynamic loader and the glibc libraries libcuda
+/// needs (libc, libm, libdl, libpthread, librt) into `host` in Debian's
+/// layout: `usr/lib/<triplet>/`, `lib -> usr/lib` (unless the root has a
+/// `lib` already), and `lib64/ld-linux-x86-64.so.2` as an absolute link
+/// (resolved inside the root, as on a real host). verify's CUDA check runs its helper with
+/// these, never with the files of the machine's own `/lib`.
+pub fn add_glibc(host: &Path) {
+    let triplet = format!("{}-linux-gnu", std::env::consts::ARCH);
+    let lib = host.join("usr/lib").join(&triplet);
+    fs::create_dir_all(&lib).unwrap();
+    let loader = if std::env::consts::ARCH == "aarch64" {
+        "ld-linux-aarch64.so.1"
+    } else {
+        "ld-linux-x86-64.so.2"
+    };
+    let names = [
+        loader,
+        "libc.so.6",
+        "libm.so.6",
+        "libdl.so.2",
+        "libpthread.so.0",
+        "librt.so.1",
+    ];
+    for name in names {
+        let src = Path::new("/lib").join(&triplet).join(name);
+        fs::copy(&src, lib.join(name)).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    }
+    if !host.join("lib").exists() {
+        std::os::unix::fs::symlink("usr/lib", host.join("lib")).unwrap();
+    }
+    if std::env::consts::ARCH != "aarch64" {
+        fs::create_dir_all(host.join("lib64")).unwrap();
+        let _ = fs::remove_file(host.join("lib64").join(loader));
+        std::os::unix::fs::symlink(
+            format!("/usr/lib/{triplet}/{loader}"),
+            host.join("lib64").join(loader),
+        )
+        .unwrap();
+    }
+}
+
+/// Compiles `tests/fixtures/libcuda-stub.c` into `dir/libcuda.so.1` (its
+/// SONAME) with the given `-D` definitions (see the stub's header) and
+/// returns its path.
+#[allow(dead_code)]
+pub fn stub_libcuda(dir: &Path, defines: &[&str]) -> PathBuf {
+    fs::create_dir_all(dir).unwrap();
+    let out = dir.join("libcuda.so.1");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/libcuda-stub.c");
+    let st = Command::new("gcc")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Werror",
+            "-Wl,-soname,libcuda.so.1",
+        ])
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling {}", src.display());
+    out
 }
 
 /// A module install must find loaded already: its name and the identity
