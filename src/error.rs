@@ -148,6 +148,10 @@ pub enum Reason {
     ModuleUnloadFailed,
     /// Another driver version (or nouveau) is loaded and in use.
     DriverInUse,
+    /// `install`: Fabric Manager (NVSwitch systems) could not be placed,
+    /// or its systemd service could not be started; the message quotes
+    /// systemctl's stderr and the service's log tail.
+    FabricManagerFailed,
     /// `verify`: nvidia-smi sees every GPU with the expected driver version.
     Verified,
     /// `catalog-check`: the catalog is consistent (every listed OS release
@@ -213,6 +217,7 @@ impl Reason {
         Reason::ModuleLoadFailed,
         Reason::ModuleUnloadFailed,
         Reason::DriverInUse,
+        Reason::FabricManagerFailed,
         Reason::Verified,
         Reason::CatalogChecked,
         Reason::VerifyFailed,
@@ -257,7 +262,8 @@ impl Reason {
             | Reason::VermagicMismatch
             | Reason::ModuleLoadFailed
             | Reason::ModuleUnloadFailed
-            | Reason::DriverInUse => ReasonClass::Install,
+            | Reason::DriverInUse
+            | Reason::FabricManagerFailed => ReasonClass::Install,
             Reason::VerifyFailed => ReasonClass::Verify,
         }
     }
@@ -312,6 +318,7 @@ impl Reason {
             Reason::ModuleLoadFailed => "ModuleLoadFailed",
             Reason::ModuleUnloadFailed => "ModuleUnloadFailed",
             Reason::DriverInUse => "DriverInUse",
+            Reason::FabricManagerFailed => "FabricManagerFailed",
             Reason::Verified => "Verified",
             Reason::CatalogChecked => "CatalogChecked",
             Reason::VerifyFailed => "VerifyFailed",
