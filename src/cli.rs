@@ -111,6 +111,19 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         mount_ns: Option<PathBuf>,
     },
+    /// Run systemctl or journalctl (with the arguments after `--`) in the
+    /// mount namespace at --mount-ns: install starts the Fabric Manager and
+    /// nvidia-persistenced units in the host's (PID 1's, from a hostPID
+    /// pod) this way.
+    #[command(hide = true)]
+    HostTool {
+        #[arg(long, value_name = "PATH")]
+        mount_ns: PathBuf,
+        #[arg(value_enum)]
+        tool: crate::fabric::HostTool,
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Copy this binary to PATH (mode 0755) and print PATH: the init
     /// container of an operator Job uses it to hand the installer from the
     /// scratch installer image to the builder image (no `cp` in scratch).
@@ -128,6 +141,16 @@ pub struct InstallArgs {
     pub artifact: PathBuf,
     #[command(flatten)]
     pub load: LoadArgs,
+    /// Fabric Manager's redistributable archive
+    /// (fabricmanager-linux-<platform>-<version>-archive.tar.xz, the
+    /// driver's version; `run` fetches it, verified, on NVSwitch hosts):
+    /// placed into the driver root and run as a systemd service.
+    #[arg(long, value_name = "PATH")]
+    pub fabric_manager: Option<PathBuf>,
+    /// Run the driver root's nvidia-persistenced as a systemd service
+    /// (`run` does on hosts with data-center GPUs).
+    #[arg(long)]
+    pub persistenced: bool,
 }
 
 #[derive(Debug, Args)]
@@ -416,6 +439,15 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             crate::userspace::expose_driver_root(&root.fs()?, &current)?;
             Ok(0)
         }
+        Command::HostTool {
+            mount_ns,
+            tool,
+            args,
+        } => {
+            // First: setns refuses a process that has started threads.
+            crate::userspace::enter_mount_namespace(mount_ns)?;
+            Err(crate::fabric::exec_host_tool(*tool, args))
+        }
         Command::CopySelf { dest } => {
             crate::files::copy_self(dest)?;
             emit_raw(g, &format!("{}\n", dest.display()))?;
@@ -436,7 +468,13 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         }
         Command::Install(args) => {
             let cfg = with_load(config(g), &args.load);
-            deliver(g, Kind::InstallResult, &run::install(&cfg, &args.artifact))
+            let doc = run::install_with_daemons(
+                &cfg,
+                &args.artifact,
+                args.fabric_manager.as_deref(),
+                args.persistenced,
+            );
+            deliver(g, Kind::InstallResult, &doc)
         }
         Command::Uninstall(args) => {
             let root = host_root(g);

@@ -151,6 +151,10 @@ pub enum Reason {
     ModuleUnloadFailed,
     /// Another driver version (or nouveau) is loaded and in use.
     DriverInUse,
+    /// `install`: Fabric Manager (NVSwitch systems) could not be placed,
+    /// or its systemd service could not be started; the message quotes
+    /// systemctl's stderr and the service's log tail.
+    FabricManagerFailed,
     /// `verify`: nvidia-smi sees every GPU with the expected driver version.
     Verified,
     /// `catalog-check`: the catalog is consistent (every listed OS release
@@ -220,6 +224,7 @@ impl Reason {
         Reason::ModuleLoadFailed,
         Reason::ModuleUnloadFailed,
         Reason::DriverInUse,
+        Reason::FabricManagerFailed,
         Reason::Verified,
         Reason::CatalogChecked,
         Reason::VerifyFailed,
@@ -266,7 +271,8 @@ impl Reason {
             | Reason::VermagicMismatch
             | Reason::ModuleLoadFailed
             | Reason::ModuleUnloadFailed
-            | Reason::DriverInUse => ReasonClass::Install,
+            | Reason::DriverInUse
+            | Reason::FabricManagerFailed => ReasonClass::Install,
             Reason::VerifyFailed | Reason::CudaCheckFailed => ReasonClass::Verify,
         }
     }
@@ -322,6 +328,7 @@ impl Reason {
             Reason::ModuleLoadFailed => "ModuleLoadFailed",
             Reason::ModuleUnloadFailed => "ModuleUnloadFailed",
             Reason::DriverInUse => "DriverInUse",
+            Reason::FabricManagerFailed => "FabricManagerFailed",
             Reason::Verified => "Verified",
             Reason::CatalogChecked => "CatalogChecked",
             Reason::VerifyFailed => "VerifyFailed",

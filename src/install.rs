@@ -196,6 +196,74 @@ pub struct InstallStatus {
     pub kernel_log: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Fabric Manager, placed into the driver root (NVSwitch hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric_manager: Option<FabricManagerState>,
+    /// The host's systemd units written for the driver's daemons.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FabricManagerState {
+    pub version: String,
+    /// The verified archive it came from.
+    pub archive: String,
+    /// Files placed, relative to the driver root.
+    #[serde(default)]
+    pub files: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceState {
+    /// `nvidia-fabricmanager.service`
+    pub unit: String,
+    /// The unit file, as the host sees it.
+    pub unit_file: String,
+    /// Linked into `multi-user.target.wants`, so that it starts at boot
+    /// once the driver is there.
+    pub enabled: bool,
+    /// The systemctl command that (re)started it in the host's namespace;
+    /// absent when the host's systemd cannot be reached from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+}
+
+/// Fabric Manager's archive, fetched and verified by `run`.
+#[derive(Debug, Clone)]
+pub struct FabricManagerArchive {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub version: String,
+}
+
+impl FabricManagerArchive {
+    /// A local archive (`install --fabric-manager`): its version from
+    /// NVIDIA's file name, its sha256 from its bytes (the caller vouches
+    /// for the file, as for `--artifact`).
+    pub fn local(path: &Path) -> Result<Self> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let version = crate::fabric::archive_version(&name).ok_or_else(|| {
+            Error::new(
+                Reason::FabricManagerFailed,
+                format!(
+                    "{}: not named like NVIDIA's archive fabricmanager-linux-<platform>-<version>-archive.tar.xz",
+                    path.display()
+                ),
+            )
+        })?;
+        let (sha256, _) = crate::files::sha256_file(path, Reason::FabricManagerFailed)?;
+        Ok(FabricManagerArchive {
+            path: path.to_path_buf(),
+            sha256,
+            version,
+        })
+    }
 }
 
 impl InstallStatus {
@@ -213,6 +281,8 @@ impl InstallStatus {
             user_space: None,
             kernel_log: Vec::new(),
             notes: Vec::new(),
+            fabric_manager: None,
+            services: Vec::new(),
         }
     }
 }
@@ -239,6 +309,10 @@ pub struct InstallOptions<'a> {
     pub drm: bool,
     pub peermem: bool,
     pub force: bool,
+    /// Fabric Manager to place into the driver root and run as a service.
+    pub fabric_manager: Option<FabricManagerArchive>,
+    /// Run the driver root's nvidia-persistenced as a service.
+    pub persistenced: bool,
 }
 
 pub struct UninstallOptions<'a> {
@@ -866,7 +940,22 @@ fn write_kernel_param(run: &Run, rel: &str, value: &str) -> Result<()> {
 // ------------------------------------------------------------ install
 
 pub fn install(opts: &InstallOptions) -> InstallResult {
-    let spec = InstallSpec {
+    let mut status = InstallStatus::new();
+    status.outcome = match install_inner(opts, &mut status) {
+        Ok(outcome) => outcome,
+        Err(e) => Outcome::from_error(&e),
+    };
+    Document::new(Kind::InstallResult, install_spec(opts), status)
+}
+
+/// An install refused before it began (e.g. an unreadable
+/// `--fabric-manager` archive).
+pub fn install_refused(opts: &InstallOptions, e: &Error) -> InstallResult {
+    install_failed(install_spec(opts), Outcome::from_error(e))
+}
+
+fn install_spec(opts: &InstallOptions) -> InstallSpec {
+    InstallSpec {
         action: Action::Install,
         host_root: opts.root.path().display().to_string(),
         artifact: Some(opts.artifact.display().to_string()),
@@ -876,13 +965,7 @@ pub fn install(opts: &InstallOptions) -> InstallResult {
         drm: opts.drm,
         peermem: opts.peermem,
         force: opts.force,
-    };
-    let mut status = InstallStatus::new();
-    status.outcome = match install_inner(opts, &mut status) {
-        Ok(outcome) => outcome,
-        Err(e) => Outcome::from_error(&e),
-    };
-    Document::new(Kind::InstallResult, spec, status)
+    }
 }
 
 pub fn install_failed(spec: InstallSpec, outcome: Outcome) -> InstallResult {
@@ -941,7 +1024,9 @@ fn install_inner(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcom
     let loaded_now = load_modules(&run, &sel, &same, &placed, st)?;
     make_device_nodes(&run, &sel, st)?;
     crate::failpoint::hit("install:loaded");
-    switch_current(&run, &placed, st)?;
+    let switched = switch_current(&run, &placed, st)?;
+    // A daemon running on the driver that was replaced must restart.
+    start_services(&run, &placed, switched || !loaded_now.is_empty(), st)?;
     Ok(outcome(&run, &manifest, &placed, &same, &loaded_now, st))
 }
 
@@ -1100,6 +1185,15 @@ fn find_conflicts(run: &Run, sel: &Selection, st: &mut InstallStatus) -> Result<
         conflicting.insert("nouveau".into());
     }
     if !conflicting.is_empty() {
+        // Our daemons hold the driver open; stopped first, and started
+        // again on the new driver after the switch.
+        let notes = crate::fabric::stop_ours(&run.fs, crate::fabric::host_systemd(run.root));
+        let loaded = if notes.is_empty() {
+            loaded
+        } else {
+            read_modules(run.root)?
+        };
+        st.notes.extend(notes);
         let busy = in_use(&conflicting, &loaded);
         if !busy.is_empty() && !run.opts.force {
             return Err(Error::new(
@@ -1132,7 +1226,7 @@ fn place_root(
     let manifest_sum = crate::files::sha256_file(&staging.path.join("manifest.json"), LOCAL_IO)
         .map(|(sum, _)| sum)
         .map_err(|e| Error::new(Reason::ArtifactInvalid, e.message))?;
-    let name = format!(
+    let mut name = format!(
         "{}-{}-{}-{}",
         manifest.driver_version,
         manifest.flavor,
@@ -1141,6 +1235,12 @@ fn place_root(
     );
     arrange_firmware(&run.fs, &staging.rel, manifest)?;
     let files = place_user_space(&run.fs, &staging.rel, manifest)?;
+    if let Some(fm) = &run.opts.fabric_manager {
+        // A root is never changed in place: one with Fabric Manager is
+        // another root, named after its archive too.
+        name.push_str(&format!("-fm{}", &fm.sha256[..8.min(fm.sha256.len())]));
+        place_fabric_manager(fm, &staging, manifest, st)?;
+    }
     let has_user_space = staging
         .path
         .join(crate::userspace::BIN_DIR)
@@ -1148,7 +1248,9 @@ fn place_root(
         .is_file();
     let host_dir = in_drivers(&name);
     let real_dir = staging.drivers.join(&name);
-    if real_dir.is_dir() && root_intact(&real_dir, manifest) {
+    let fm_intact =
+        run.opts.fabric_manager.is_none() || real_dir.join(crate::fabric::FM_BINARY).is_file();
+    if real_dir.is_dir() && root_intact(&real_dir, manifest) && fm_intact {
         // The same artifact was placed before (maybe by a run that was
         // killed later): keep it, it may be in use.
         tracing::info!("{} is already in place", real_dir.display());
@@ -1173,6 +1275,32 @@ fn place_root(
         real_dir,
         has_user_space,
     })
+}
+
+/// Fabric Manager's files into the staging root; its version must be the
+/// driver's (it refuses to run against another).
+fn place_fabric_manager(
+    fm: &FabricManagerArchive,
+    staging: &Staging,
+    manifest: &Manifest,
+    st: &mut InstallStatus,
+) -> Result<()> {
+    if fm.version != manifest.driver_version {
+        return Err(Error::new(
+            Reason::FabricManagerFailed,
+            format!(
+                "Fabric Manager {} does not match driver {}; it refuses to run against another driver version",
+                fm.version, manifest.driver_version
+            ),
+        ));
+    }
+    let files = crate::fabric::place_archive(&fm.path, &staging.path)?;
+    st.fabric_manager = Some(FabricManagerState {
+        version: fm.version.clone(),
+        archive: fm.path.display().to_string(),
+        files,
+    });
+    Ok(())
 }
 
 fn user_space_status(present: bool, host_dir: &Path, files: Vec<String>) -> UserSpace {
@@ -1385,16 +1513,83 @@ fn make_device_nodes(run: &Run, sel: &Selection, st: &mut InstallStatus) -> Resu
 
 /// `drivers/current` → the new root, by renaming a fresh link over it;
 /// then the user space is registered and old roots go.
-fn switch_current(run: &Run, placed: &Placed, st: &mut InstallStatus) -> Result<()> {
+/// Returns whether `current` named another root before.
+fn switch_current(run: &Run, placed: &Placed, st: &mut InstallStatus) -> Result<bool> {
     let current = in_drivers("current");
     let previous = run.fs.read_link(&current).ok();
+    let switched = previous.as_deref() != Some(Path::new(&placed.name));
     run.fs.replace_symlink(&current, &placed.name)?;
     crate::failpoint::hit("install:switched");
     if placed.has_user_space {
         register_user_space(run, st);
     }
     collect_garbage(&run.fs, &placed.name, previous.as_deref());
+    Ok(switched)
+}
+
+/// Writes and enables the units of the daemons the root carries (Fabric
+/// Manager when placed; nvidia-persistenced when planned and present),
+/// then (re)starts them in the host's namespace. Fabric Manager's failure
+/// is `FabricManagerFailed` (CUDA does not work without it);
+/// persistenced's is a note (it only keeps the driver initialized).
+fn start_services(run: &Run, placed: &Placed, restart: bool, st: &mut InstallStatus) -> Result<()> {
+    use crate::fabric::{self, FABRIC_MANAGER_UNIT, PERSISTENCED_UNIT};
+    let how = fabric::host_systemd(run.root);
+    if st.fabric_manager.is_some() {
+        let unit_file =
+            fabric::write_unit(&run.fs, FABRIC_MANAGER_UNIT, &fabric::fabric_manager_unit())?;
+        let config =
+            fs::read_to_string(placed.real_dir.join(fabric::FM_CONFIG)).unwrap_or_default();
+        let log_tail = |_: &str| fabric::config_log_tail(run.root, &config);
+        let started = fabric::start_units(how, &[FABRIC_MANAGER_UNIT], restart, &log_tail)?;
+        st.services
+            .push(service_state(FABRIC_MANAGER_UNIT, unit_file, how, &started));
+    }
+    let has_persistenced = placed.real_dir.join(fabric::PERSISTENCED_BINARY).is_file();
+    if run.opts.persistenced && has_persistenced {
+        let started = fabric::write_unit(&run.fs, PERSISTENCED_UNIT, &fabric::persistenced_unit())
+            .and_then(|f| {
+                Ok((
+                    f,
+                    fabric::start_units(how, &[PERSISTENCED_UNIT], restart, &|_| None)?,
+                ))
+            });
+        match started {
+            Ok((f, started)) => {
+                st.services
+                    .push(service_state(PERSISTENCED_UNIT, f, how, &started))
+            }
+            Err(e) => st.notes.push(format!("nvidia-persistenced: {}", e.message)),
+        }
+    } else if run.opts.persistenced {
+        st.notes.push(format!(
+            "nvidia-persistenced was planned, but the driver root has no {}: the package had none",
+            fabric::PERSISTENCED_BINARY
+        ));
+    }
+    if how == fabric::HostSystemd::Unreachable && !st.services.is_empty() {
+        st.notes.push(format!(
+            "the units are written and enabled but not started: the host's systemd cannot be reached from the host root {} (only / and /proc/1/root with hostPID can); they start at the next boot, or by an install run in the host's namespace",
+            run.root.path().display()
+        ));
+    }
     Ok(())
+}
+
+fn service_state(
+    unit: &str,
+    unit_file: String,
+    how: crate::fabric::HostSystemd,
+    started: &crate::fabric::Started,
+) -> ServiceState {
+    ServiceState {
+        unit: unit.to_string(),
+        unit_file,
+        enabled: true,
+        started: (how != crate::fabric::HostSystemd::Unreachable)
+            .then(|| started.commands.last().cloned())
+            .flatten(),
+    }
 }
 
 fn outcome(
@@ -1487,7 +1682,16 @@ fn uninstall_inner(opts: &UninstallOptions, st: &mut InstallStatus) -> Result<Ou
     } else {
         opts.modules.iter().map(|m| m.replace('-', "_")).collect()
     };
-    let loaded = read_modules(root)?;
+    let mut loaded = read_modules(root)?;
+    if wanted.iter().any(|n| n == "nvidia") && loaded.contains_key("nvidia") {
+        // Our daemons hold the driver open; enabled, they start again
+        // with the next install.
+        let notes = crate::fabric::stop_ours(&root.fs()?, crate::fabric::host_systemd(root));
+        if !notes.is_empty() {
+            loaded = read_modules(root)?;
+        }
+        st.notes.extend(notes);
+    }
     let set: BTreeSet<String> = wanted
         .iter()
         .filter(|n| loaded.contains_key(*n))

@@ -16,6 +16,7 @@ pub mod deb;
 pub mod detect;
 pub mod error;
 pub mod extract;
+pub mod fabric;
 pub mod failpoint;
 pub mod fetch;
 pub mod files;

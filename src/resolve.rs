@@ -133,6 +133,29 @@ pub struct PlanStatus {
     /// they do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iommu_passthrough: Option<String>,
+    /// Fabric Manager for the NVSwitches, when the host has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric_manager: Option<FabricManagerPlan>,
+    /// Why nvidia-persistenced runs as a host service, when it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistenced: Option<String>,
+}
+
+/// Fabric Manager, planned on hosts with NVSwitches.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FabricManagerPlan {
+    /// Always the driver's: Fabric Manager refuses another driver version.
+    pub version: String,
+    /// NVIDIA's redistributable archive; its sha256 comes from the
+    /// release's `redistrib_<version>.json` at fetch time.
+    pub package: Package,
+    /// Why it is needed here.
+    pub reason: String,
+    /// NVLink 5 (Blackwell) fabrics also need NVLink Subnet Manager, which
+    /// is not planned: why, when it applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlsm: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -162,6 +185,8 @@ impl PlanStatus {
             warnings: Vec::new(),
             module_params: Vec::new(),
             iommu_passthrough: None,
+            fabric_manager: None,
+            persistenced: None,
         }
     }
 }
@@ -306,6 +331,12 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
         .iommu_passthrough_for(&os.id, os.variant_id.as_deref())
         .map(|r| r.reason.clone());
 
+    // 8. The daemons: Fabric Manager for NVSwitches, persistenced for
+    //    data-center GPUs.
+    st.fabric_manager = fabric_manager_for(report, cat, &version, arch, &families);
+    st.persistenced = persistenced_for(&report.status.gpus);
+    st.warnings.extend(nvlink5_warning(report));
+
     let headers_text = match headers.source {
         HeadersSource::Installed => {
             format!("installed headers {}", headers.path.unwrap_or_default())
@@ -436,6 +467,88 @@ fn package_for(cat: &Catalog, version: &str, arch: CpuArch) -> Package {
         sha256,
         mirrors: cat.mirrors.clone(),
     }
+}
+
+/// The PCI class of a 3D controller: data-center GPUs (Tesla, A100, H100,
+/// L4, T4, …) have no display outputs and enumerate as one; GeForce and
+/// workstation boards are VGA controllers (0x0300). The catalog's
+/// families cannot tell them apart (Ampere holds A100 and RTX 3090).
+const DATA_CENTER_CLASS: &str = "0x0302";
+
+fn is_data_center(g: &Gpu) -> bool {
+    g.pci_class.starts_with(DATA_CENTER_CLASS)
+}
+
+/// Fabric Manager of the driver's version, from NVIDIA's redist, when the
+/// host has NVSwitches.
+fn fabric_manager_for(
+    report: &HostReport,
+    cat: &Catalog,
+    version: &str,
+    arch: CpuArch,
+    families: &[&str],
+) -> Option<FabricManagerPlan> {
+    let switches = &report.status.nvswitches;
+    if switches.is_empty() {
+        return None;
+    }
+    let url = crate::fabric::archive_url(version, arch);
+    let file_name = url.rsplit('/').next().unwrap_or(&url).to_string();
+    Some(FabricManagerPlan {
+        version: version.to_string(),
+        package: Package {
+            url,
+            file_name,
+            sha256: None,
+            checksum_known: false,
+            mirrors: cat.mirrors.clone(),
+        },
+        reason: format!(
+            "{} NVSwitch(es) ({}): CUDA fails with error 802 (system not ready) until Fabric Manager has configured the NVLink fabric",
+            switches.len(),
+            switches.join(", ")
+        ),
+        nvlsm: families.contains(&"blackwell").then(nvlsm_note),
+    })
+}
+
+fn nvlsm_note() -> String {
+    "NVLink 5 systems (HGX/DGX B200, B300) also need NVLink Subnet Manager (nvlsm): NVIDIA ships it only as a package of its CUDA apt repository (versioned apart from the driver, with infiniband-diags and ib_umad), not as a redist archive with a manifest checksum, so it is not installed here; install nvlsm on the host".to_string()
+}
+
+/// Blackwell data-center GPUs without NVSwitches on the PCI bus: on HGX
+/// B200/B300 the NVSwitches sit behind a ConnectX-7 bridge and are not
+/// PCI devices, so they cannot be seen here.
+fn nvlink5_warning(report: &HostReport) -> Option<String> {
+    let blackwell_dc = report
+        .status
+        .gpus
+        .iter()
+        .any(|g| g.architecture.as_deref() == Some("blackwell") && is_data_center(g));
+    (blackwell_dc && report.status.nvswitches.is_empty()).then(|| {
+        format!(
+            "Blackwell data-center GPUs and no NVSwitch on the PCI bus: on an HGX/DGX B200 or B300 the NVSwitches are reached through a ConnectX-7 bridge and are invisible here, so Fabric Manager is not planned; such a system needs Fabric Manager and NVLink Subnet Manager running on the host ({})",
+            nvlsm_note()
+        )
+    })
+}
+
+/// nvidia-persistenced keeps the driver initialized while no client holds
+/// it (NVIDIA recommends it for data-center GPUs: without it every CUDA or
+/// NVML start pays the GPU's initialization, and settings such as ECC or
+/// clocks are lost between clients).
+fn persistenced_for(gpus: &[Gpu]) -> Option<String> {
+    let dc: Vec<&str> = gpus
+        .iter()
+        .filter(|g| is_data_center(g))
+        .map(|g| g.pci_address.as_str())
+        .collect();
+    (!dc.is_empty()).then(|| {
+        format!(
+            "{} data-center GPU(s) (PCI class 3D controller, {DATA_CENTER_CLASS}): persistence mode keeps the driver initialized between CUDA clients",
+            dc.len()
+        )
+    })
 }
 
 fn branch_version(cat: &Catalog, branch: &str, arch: CpuArch) -> Result<String> {

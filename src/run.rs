@@ -171,6 +171,8 @@ impl Config {
             drm: self.load.drm,
             peermem: self.load.peermem,
             force: self.load.force,
+            fabric_manager: None,
+            persistenced: false,
         }
     }
 
@@ -282,6 +284,19 @@ fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
             ));
         }
     };
+    fetch_request(cfg, &request)
+}
+
+/// Downloads one request, verified, through the cache's package mirror
+/// when there is a cache.
+fn fetch_request(cfg: &Config, request: &PackageRequest) -> FetchResult {
+    let failed = |e: &Error| {
+        fetch::fetch_package_failed(
+            request.url.clone(),
+            &cfg.fetch_options(),
+            Outcome::from_error(e),
+        )
+    };
     let cache = match cfg.checked_cache() {
         Ok(c) => c,
         Err(e) => return failed(&e),
@@ -291,9 +306,30 @@ fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
         Err(e) => return failed(&e),
     };
     match cache {
-        Some(c) => crate::cache::fetch_with_mirror(c, &request, opts),
-        None => fetch::fetch_package(&request, opts),
+        Some(c) => crate::cache::fetch_with_mirror(c, request, opts),
+        None => fetch::fetch_package(request, opts),
     }
+}
+
+/// `run`'s second fetch on NVSwitch hosts: the plan's Fabric Manager
+/// archive, whose sha256 comes from NVIDIA's redistrib manifest (never
+/// from the archive's own server alone); `None` when not planned.
+fn fetch_fabric_manager(cfg: &Config, plan: &InstallPlan) -> Option<FetchResult> {
+    let fm = plan.status.fabric_manager.as_ref()?;
+    let mut mirrors = cfg.download.mirrors.clone();
+    mirrors.extend(fm.package.mirrors.iter().cloned());
+    let request = PackageRequest {
+        url: fm.package.url.clone(),
+        sha256: fm
+            .package
+            .sha256
+            .as_ref()
+            .map(|s| (s.clone(), ChecksumSource::Catalog)),
+        mirrors,
+        version: Some(fm.version.clone()),
+        manifest: None,
+    };
+    Some(fetch_request(cfg, &request))
 }
 
 fn flag_checksum(cfg: &Config) -> Option<(String, ChecksumSource)> {
@@ -411,18 +447,40 @@ fn headers_for(
 
 /// `install`: load the given artifact.
 pub fn install(cfg: &Config, artifact: &Path) -> install::InstallResult {
-    install_planned(cfg, artifact, None)
+    install_planned(cfg, artifact, None, None)
 }
 
-/// `install`, with the plan's module parameters and IOMMU setting when
-/// `run` resolved one.
+/// `install --fabric-manager ARCHIVE --persistenced`: the daemons without
+/// a plan.
+pub fn install_with_daemons(
+    cfg: &Config,
+    artifact: &Path,
+    fabric_manager: Option<&Path>,
+    persistenced: bool,
+) -> install::InstallResult {
+    let mut opts = cfg.install_options(artifact.to_path_buf());
+    opts.persistenced = persistenced;
+    if let Some(p) = fabric_manager {
+        match install::FabricManagerArchive::local(p) {
+            Ok(a) => opts.fabric_manager = Some(a),
+            Err(e) => return install::install_refused(&opts, &e),
+        }
+    }
+    install::install(&opts)
+}
+
+/// `install`, with the plan's module parameters, IOMMU setting and
+/// daemons when `run` resolved one, and the Fabric Manager it fetched.
 fn install_planned(
     cfg: &Config,
     artifact: &Path,
     plan: Option<&InstallPlan>,
+    fabric_manager: Option<install::FabricManagerArchive>,
 ) -> install::InstallResult {
     let mut opts = cfg.install_options(artifact.to_path_buf());
+    opts.fabric_manager = fabric_manager;
     if let Some(plan) = plan {
+        opts.persistenced = plan.status.persistenced.is_some();
         for m in &plan.status.module_params {
             let joined = match opts.planned_params.remove(&m.module) {
                 Some(p) => format!("{p} {}", m.params),
@@ -462,14 +520,14 @@ pub fn run(cfg: &Config) -> RunResult {
     if !steps.push(Kind::HostReport, &report) {
         return steps.finish(spec, None);
     }
-    let (artifact, plan) = match &cfg.artifact {
-        Some(a) => (a.clone(), None),
+    let (artifact, plan, fm) = match &cfg.artifact {
+        Some(a) => (a.clone(), None, None),
         None => match plan_fetch_build(cfg, &catalog, &report, &mut steps) {
-            Ok((a, plan)) => (a, Some(plan)),
+            Ok(Built { artifact, plan, fm }) => (artifact, Some(plan), fm),
             Err(outcome) => return steps.finish(spec, outcome),
         },
     };
-    let installed = install_planned(cfg, &artifact, plan.as_deref());
+    let installed = install_planned(cfg, &artifact, plan.as_deref(), fm);
     if !steps.push(Kind::InstallResult, &installed) {
         return steps.finish(spec, None);
     }
@@ -483,14 +541,22 @@ pub fn run(cfg: &Config) -> RunResult {
     steps.finish(spec, None)
 }
 
-/// resolve → fetch → build; the artifact, or the outcome to end the run
-/// with (`None`: the last step's).
+/// What resolve → fetch → build hands to install.
+struct Built {
+    artifact: PathBuf,
+    plan: Box<InstallPlan>,
+    fm: Option<install::FabricManagerArchive>,
+}
+
+/// resolve → fetch (the driver, then Fabric Manager where planned) →
+/// build; the artifact, or the outcome to end the run with (`None`: the
+/// last step's).
 fn plan_fetch_build(
     cfg: &Config,
     catalog: &Catalog,
     report: &HostReport,
     steps: &mut Steps,
-) -> std::result::Result<(PathBuf, Box<InstallPlan>), Option<Outcome>> {
+) -> std::result::Result<Built, Option<Outcome>> {
     let plan = resolve_with(cfg, catalog, report);
     if !steps.push(Kind::InstallPlan, &plan) {
         return Err(None);
@@ -499,17 +565,41 @@ fn plan_fetch_build(
     if !steps.push(Kind::FetchResult, &fetched) {
         return Err(None);
     }
+    let mut fm = None;
+    if let Some(got) = fetch_fabric_manager(cfg, &plan) {
+        if !steps.push(Kind::FetchResult, &got) {
+            return Err(None);
+        }
+        fm = fabric_manager_archive(&plan, &got);
+    }
     let built = build_step(cfg, &plan, &fetched);
     if !steps.push(Kind::BuildResult, &built) {
         return Err(None);
     }
     match &built.status.artifact {
-        Some(a) => Ok((PathBuf::from(a), Box::new(plan))),
+        Some(a) => Ok(Built {
+            artifact: PathBuf::from(a),
+            plan: Box::new(plan),
+            fm,
+        }),
         None => Err(Some(Outcome::new(
             Reason::Internal,
             "build succeeded without an artifact",
         ))),
     }
+}
+
+/// The verified Fabric Manager archive a fetch produced.
+fn fabric_manager_archive(
+    plan: &InstallPlan,
+    got: &FetchResult,
+) -> Option<install::FabricManagerArchive> {
+    let fm = plan.status.fabric_manager.as_ref()?;
+    Some(install::FabricManagerArchive {
+        path: PathBuf::from(got.status.path.as_ref()?),
+        sha256: got.status.sha256.clone()?,
+        version: fm.version.clone(),
+    })
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -992,3 +992,67 @@ fn the_plan_carries_module_parameters_and_iommu_passthrough_from_the_catalog() {
             .is_none()
     );
 }
+
+/// NVSwitch hosts get Fabric Manager of exactly the driver's version, as
+/// NVIDIA's redist archive (its sha256 comes from the release manifest at
+/// fetch time); hosts without NVSwitches do not. Data-center GPUs (3D
+/// controllers) get nvidia-persistenced, VGA boards do not.
+#[test]
+fn nvswitch_hosts_plan_fabric_manager_of_the_drivers_version() {
+    for (name, switches) in [("gardenlinux-2150-h100", 4), ("debian-13-hgx-a100", 6)] {
+        let r = run_on(name, &["resolve"]);
+        let s = &r.doc["status"];
+        assert_eq!(s["reason"], "Resolved", "{name}: {}", r.doc);
+        let version = s["driverVersion"].as_str().unwrap();
+        let fm = &s["fabricManager"];
+        assert_eq!(fm["version"], version, "{name}");
+        assert_eq!(
+            fm["package"]["url"],
+            format!(
+                "https://developer.download.nvidia.com/compute/nvidia-driver/redist/fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-{version}-archive.tar.xz"
+            ),
+            "{name}"
+        );
+        assert_eq!(
+            fm["package"]["fileName"],
+            format!("fabricmanager-linux-x86_64-{version}-archive.tar.xz")
+        );
+        assert_eq!(fm["package"]["checksumKnown"], false);
+        assert!(fm["package"].get("sha256").is_none(), "never invented");
+        let why = fm["reason"].as_str().unwrap();
+        assert!(
+            why.starts_with(&format!("{switches} NVSwitch(es)")),
+            "{why}"
+        );
+        assert!(why.contains("error 802"), "{why}");
+        assert!(s["persistenced"].as_str().unwrap().contains("data-center"));
+    }
+    // An explicit version is followed, and aarch64 is NVIDIA's linux-sbsa.
+    let r = run_on(
+        "gardenlinux-2150-h100",
+        &[
+            "--arch",
+            "aarch64",
+            "resolve",
+            "--driver-version",
+            "580.95.05",
+        ],
+    );
+    let fm = &r.doc["status"]["fabricManager"];
+    assert_eq!(fm["version"], "580.95.05", "{}", r.doc);
+    assert_eq!(
+        fm["package"]["url"],
+        "https://developer.download.nvidia.com/compute/nvidia-driver/redist/fabricmanager/linux-sbsa/fabricmanager-linux-sbsa-580.95.05-archive.tar.xz"
+    );
+
+    let r = run_on("gardenlinux-1592-t4", &["resolve"]);
+    assert_eq!(r.doc["status"]["reason"], "Resolved", "{}", r.doc);
+    assert!(r.doc["status"].get("fabricManager").is_none(), "{}", r.doc);
+    assert!(
+        r.doc["status"]["persistenced"].is_string(),
+        "a T4 is a 3D controller"
+    );
+    let r = run_on("debian-12-workstation-audio", &["resolve"]);
+    assert!(r.doc["status"].get("fabricManager").is_none(), "{}", r.doc);
+    assert!(r.doc["status"].get("persistenced").is_none(), "{}", r.doc);
+}

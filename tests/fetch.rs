@@ -1,5 +1,7 @@
 //! `fetch` against real HTTP servers on loopback, with faults injected.
 
+#[path = "support/fabric.rs"]
+mod fabric_support;
 mod support;
 
 use std::fs;
@@ -1007,4 +1009,92 @@ fn a_fetch_that_fills_the_disk_leaves_no_partial_file() {
         "the partial file was left behind"
     );
     assert_eq!(cache_files(dir.path()), Vec::<String>::new());
+}
+
+/// The Fabric Manager archive the h100 fixture's plan names.
+fn planned_fabric_manager() -> (String, String) {
+    let host =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hosts/gardenlinux-2150-h100");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"))
+        .args(["--termination-log", "/nonexistent/t", "--host-root"])
+        .arg(&host)
+        .arg("resolve")
+        .output()
+        .unwrap();
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fm = &plan["status"]["fabricManager"];
+    (
+        fm["version"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no fabricManager: {plan}"))
+            .to_string(),
+        fm["package"]["url"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Fabric Manager comes as NVIDIA's redist archive at the URL the plan
+/// names: its sha256 is taken from the release's redistrib manifest over
+/// HTTPS (never invented), and an archive whose bytes differ from the
+/// manifest's sha256 is refused. The loopback server stands in for
+/// developer.download.nvidia.com/compute/nvidia-driver.
+#[test]
+fn a_fabric_manager_archive_is_verified_against_the_redistrib_manifest() {
+    let (version, planned) = planned_fabric_manager();
+    let nvidia = "https://developer.download.nvidia.com/compute/nvidia-driver";
+    let rel = planned
+        .strip_prefix(&format!("{nvidia}/redist/"))
+        .unwrap_or_else(|| panic!("not NVIDIA's redist: {planned}"))
+        .to_string();
+    assert_eq!(
+        rel,
+        format!("fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-{version}-archive.tar.xz")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let archive = fabric_support::archive(dir.path(), &version);
+    let body = fs::read(&archive).unwrap();
+    let manifest = |sum: &str| {
+        format!(
+            r#"{{"release_date": "2025-10-01", "fabricmanager": {{"name": "NVIDIA Fabric Manager", "license": "NVIDIA Driver", "version": "{version}", "linux-x86_64": {{"relative_path": "{rel}", "sha256": "{sum}", "size": "{}"}}}}}}"#,
+            body.len()
+        )
+    };
+    let good = manifest(&sha256_hex(&body));
+    let bad = manifest(&sha256_hex(b"another archive"));
+    let manifest_path = format!("/redist/redistrib_{version}.json");
+    let b = body.clone();
+    let handler = move |req: &Request| match req.path() {
+        p if p == format!("/good{manifest_path}") => {
+            Reply::Full(200, vec![], good.clone().into_bytes())
+        }
+        p if p == format!("/bad{manifest_path}") => {
+            Reply::Full(200, vec![], bad.clone().into_bytes())
+        }
+        p if p.ends_with(".sha256sum") => Reply::Full(404, vec![], vec![]),
+        _ => Reply::Ranged(b.clone()),
+    };
+    let (server, ca_pem) = Server::start_tls(handler);
+    let ca = dir.path().join("ca.pem");
+    fs::write(&ca, ca_pem).unwrap();
+    let ca = ca.to_str().unwrap();
+
+    let url = planned.replace(nvidia, &server.https_url("/good"));
+    let cache = dir.path().join("c1");
+    let r = fetch(&cache, &["--url", &url, "--ca-bundle", ca], &[]);
+    assert_eq!(r.code, 0, "{}", r.doc);
+    let s = &r.doc["status"];
+    assert_eq!(s["reason"], "Fetched");
+    assert_eq!(s["checksumSource"], "redistManifest");
+    assert_eq!(s["sha256"], sha256_hex(&body));
+    assert_eq!(fs::read(s["path"].as_str().unwrap()).unwrap(), body);
+
+    let url = planned.replace(nvidia, &server.https_url("/bad"));
+    let cache = dir.path().join("c2");
+    let r = fetch(&cache, &["--url", &url, "--ca-bundle", ca], &[]);
+    assert_eq!(r.code, 12, "{}", r.doc);
+    assert_eq!(r.doc["status"]["reason"], "ChecksumMismatch", "{}", r.doc);
+    assert_eq!(
+        cache_files(&cache),
+        Vec::<String>::new(),
+        "the bad bytes stay"
+    );
 }
