@@ -332,7 +332,12 @@ pub fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
             ));
         }
     }
-    if fs.host().source() == crate::host::HostRootSource::Pid1Root {
+    // PID 1's root, found by itself or given (the operator's Jobs pass
+    // --host-root /proc/1/root): mount where PID 1 lives.
+    let host = fs.host();
+    if host.source() == crate::host::HostRootSource::Pid1Root
+        || host.path() == Path::new("/proc/1/root")
+    {
         let mut cmd = crate::process::command("/proc/self/exe");
         cmd.args([
             "--host-root",
