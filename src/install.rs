@@ -1045,15 +1045,7 @@ fn prepare<'a>(opts: &'a InstallOptions<'a>, st: &mut InstallStatus) -> Result<R
         )?,
         None => BTreeMap::new(),
     };
-    let mut params = opts.planned_params.clone();
-    for (module, p) in given {
-        // Later wins in the kernel's parsing: the file overrides the plan.
-        let joined = match params.remove(&module) {
-            Some(planned) => format!("{planned} {p}"),
-            None => p,
-        };
-        params.insert(module, joined);
-    }
+    let params = merge_params(&opts.planned_params, given);
     Ok(Run {
         opts,
         root,
@@ -1364,6 +1356,24 @@ fn load_modules(
         load_one(run, m, placed, &mut loaded_now, st)?;
     }
     Ok(loaded_now)
+}
+
+/// The plan's module parameters, then the `--module-params` file's after
+/// them: the kernel takes the last value of a repeated key, so the file
+/// overrides the plan.
+pub fn merge_params(
+    planned: &BTreeMap<String, String>,
+    given: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut params = planned.clone();
+    for (module, p) in given {
+        let joined = match params.remove(&module) {
+            Some(planned) => format!("{planned} {p}"),
+            None => p,
+        };
+        params.insert(module, joined);
+    }
+    params
 }
 
 /// Switches each NVIDIA GPU's IOMMU group to passthrough (`identity`)
@@ -1844,6 +1854,17 @@ mod tests {
         let (nodes, notes) = device_nodes(&BTreeMap::new(), 1, false);
         assert_eq!(nodes.len(), 2);
         assert_eq!(notes.len(), 2);
+    }
+
+    #[test]
+    fn the_module_params_file_comes_after_the_plans() {
+        let planned = BTreeMap::from([("nvidia_uvm".to_string(), "uvm_disable_hmm=1".to_string())]);
+        let given =
+            parse_module_params("nvidia_uvm uvm_disable_hmm=0\nnvidia NVreg_X=1\n").unwrap();
+        let p = merge_params(&planned, given);
+        assert_eq!(p["nvidia_uvm"], "uvm_disable_hmm=1 uvm_disable_hmm=0");
+        assert_eq!(p["nvidia"], "NVreg_X=1");
+        assert_eq!(merge_params(&planned, BTreeMap::new()), planned);
     }
 
     #[test]
