@@ -69,6 +69,13 @@ ROOT_TOOLS=(debootstrap:debootstrap flock:util-linux mountpoint:util-linux
 VM_TOOLS=(qemu-system-x86_64:qemu-system-x86 busybox:busybox-static cpio:cpio
   gcc:gcc make:make strip:binutils)
 
+# What scripts/build-images needs: buildah builds the images without a
+# daemon, debootstrap makes their Debian base, gcc with static glibc
+# (libc6-dev's libc.a) compiles the pause binary, python3 reads the OCI
+# archives back, unshare keeps buildah's writes to /var in its cache.
+IMAGE_TOOLS=(buildah:buildah debootstrap:debootstrap flock:util-linux unshare:util-linux file:file
+  gcc:gcc /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev python3:python3 tar:tar)
+
 # What scripts/build-static aarch64 needs: the cross linker and C compiler
 # (the -sys crates) and arm64's static glibc.
 CROSS_ARM64_TOOLS=(aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu
