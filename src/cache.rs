@@ -1112,6 +1112,9 @@ pub fn restore_package(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
+    // A node's first fetch: its package cache may not exist yet.
+    std::fs::create_dir_all(parent)
+        .map_err(|e| Error::io(Reason::Internal, "creating", parent, e))?;
     let max = crate::fetch::DEFAULT_MAX_DOWNLOAD_MIB << 20;
     let Some(got) = store.get_to_file(&rel, parent, max)? else {
         return Ok(None);

@@ -681,9 +681,10 @@ fn packages_come_from_the_store_when_checksummed_and_never_otherwise() {
         &pkg,
     )
     .unwrap();
-    let cache_dir = tempfile::tempdir().unwrap();
-    // Offline (an air-gapped cluster): the store is the only source.
-    let fetch = |sha: &str| {
+    let cache_root = tempfile::tempdir().unwrap();
+    // Offline (an air-gapped cluster): the store is the only source. Each
+    // call is a new node's first run: its package cache does not exist yet.
+    let fetch = |sha: &str, cache_dir: &Path| {
         let mut c = bin();
         c.args([
             "fetch",
@@ -696,16 +697,17 @@ fn packages_come_from_the_store_when_checksummed_and_never_otherwise() {
             &url,
         ])
         .arg("--cache-dir")
-        .arg(cache_dir.path());
+        .arg(cache_dir);
         finish(c.output().unwrap())
     };
     // A checksum the store's copy does not have: not used.
     let wrong = sha256(b"another package");
-    let r = fetch(&wrong);
+    let r = fetch(&wrong, &cache_root.path().join("node-1"));
     assert_eq!(r.reason(), "NotCached", "{}\n{}", r.doc, r.stderr);
-    assert!(r.stderr.contains("not used"), "{}", r.stderr);
+    assert!(r.stderr.contains("not the trusted"), "{}", r.stderr);
 
-    let r = fetch(&sum);
+    let cache_dir = cache_root.path().join("node-2");
+    let r = fetch(&sum, &cache_dir);
     assert_eq!(r.reason(), "Fetched", "{}\n{}", r.doc, r.stderr);
     assert!(
         r.doc["status"]["message"]
@@ -715,7 +717,7 @@ fn packages_come_from_the_store_when_checksummed_and_never_otherwise() {
         "{}",
         r.doc
     );
-    assert_eq!(fs::read(cache_dir.path().join(&sum)).unwrap(), pkg);
+    assert_eq!(fs::read(cache_dir.join(&sum)).unwrap(), pkg);
 }
 
 #[test]
