@@ -411,22 +411,8 @@ trait Candidate {
     fn verify(&self, sig: &Signature, data: &[u8]) -> bool;
 }
 
-impl Candidate for SignedPublicKey {
-    fn hex(&self) -> String {
-        hex_fingerprint(self)
-    }
-    fn fp(&self) -> pgp::types::Fingerprint {
-        self.fingerprint()
-    }
-    fn key_id(&self) -> pgp::types::KeyId {
-        self.legacy_key_id()
-    }
-    fn verify(&self, sig: &Signature, data: &[u8]) -> bool {
-        sig.verify(self, data).is_ok()
-    }
-}
-
-impl Candidate for SignedPublicSubKey {
+// Primary keys and subkeys alike: both are pgp's verifying keys.
+impl<K: pgp::types::VerifyingKey> Candidate for K {
     fn hex(&self) -> String {
         hex_fingerprint(self)
     }
