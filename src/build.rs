@@ -257,6 +257,9 @@ pub struct BuildOptions {
     pub arch: Option<CpuArch>,
     /// The artifact cache (`--cache-url`), already checked.
     pub cache: Option<crate::cache::CacheConfig>,
+    /// `run --no-compile`: only the cache may supply the artifact; a build
+    /// it does not supply fails (`ArtifactNotCached`) instead of compiling.
+    pub no_compile: bool,
 }
 
 impl BuildOptions {
@@ -358,6 +361,13 @@ fn run(
             return Ok(msg);
         }
     }
+    // Refused before the source is even extracted when the lookup ran.
+    if cache
+        .as_deref()
+        .is_none_or(crate::cache::Session::looked_up)
+    {
+        refuse_compile(opts, cache.as_deref())?;
+    }
     check_disk(&pre.work, MIN_FREE_DISK_BYTES)?;
     let src = extract_source(opts, &pre.work, pre.target.arch, status)?;
     if let Some(session) = cache.as_deref_mut() {
@@ -368,6 +378,7 @@ fn run(
             }
         }
     }
+    refuse_compile(opts, cache.as_deref())?;
     compile(opts, &pre, &src, status)?;
     let (artifact, sha256, manifest) = package(opts, &pre, &src, status)?;
     if let Some(session) = cache {
@@ -382,6 +393,22 @@ fn run(
         opts.kernel_release,
         artifact.display()
     ))
+}
+
+/// `--no-compile`: past the cache lookup, a build fails instead of
+/// compiling (the session says why the cache did not supply it).
+fn refuse_compile(opts: &BuildOptions, cache: Option<&crate::cache::Session>) -> Result<()> {
+    if !opts.no_compile {
+        return Ok(());
+    }
+    Err(match cache {
+        Some(session) => session.not_cached_error(),
+        None => Error::new(
+            Reason::ArtifactNotCached,
+            "--no-compile without an artifact cache (--cache-url): nothing can supply the artifact",
+        )
+        .with_hint("pass --cache-url, or allow compiling on the node"),
+    })
 }
 
 fn check_arguments(opts: &BuildOptions) -> Result<()> {

@@ -137,6 +137,14 @@ pub struct CacheConfig {
     pub wait: Duration,
     pub lease_ttl: Duration,
     pub poll: Duration,
+    /// `--cache-read-only`: only read. No lease is taken and nothing is
+    /// written (no artifact, no manifest, no package): a node whose
+    /// credentials may only read never attempts a write.
+    pub read_only: bool,
+    /// `--artifact-sha256`: the only artifact sha256 an entry may have to
+    /// be used (what the build Job stored); another is refused before it
+    /// is downloaded. Lowercase hex.
+    pub expected_sha256: Option<String>,
 }
 
 impl CacheConfig {
@@ -147,6 +155,8 @@ impl CacheConfig {
             wait: Duration::from_secs(DEFAULT_WAIT_SECS),
             lease_ttl: Duration::from_secs(DEFAULT_LEASE_TTL_SECS),
             poll: Duration::from_millis(DEFAULT_POLL_MS),
+            read_only: false,
+            expected_sha256: None,
         }
     }
 
@@ -155,6 +165,9 @@ impl CacheConfig {
     /// does not).
     pub fn check(&self) -> Result<()> {
         parse_url(&self.url).map(|_| ())?;
+        if let Some(sha) = &self.expected_sha256 {
+            check_sha256_flag(sha)?;
+        }
         let scheme = self.url.split(':').next().unwrap_or_default();
         if scheme == "s3" && !self.allow_http {
             if let Some((var, endpoint)) = s3_endpoint_from_env() {
@@ -170,6 +183,19 @@ impl CacheConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// `--artifact-sha256` must be a sha256: 64 hex digits.
+pub fn check_sha256_flag(sha: &str) -> Result<()> {
+    if crate::fetch::is_sha256_hex(sha) {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Reason::InvalidArgument,
+            format!("--artifact-sha256 {sha:?} is not a sha256 (64 hex digits)"),
+        )
+        .with_hint("pass the build Job's status.built.artifactSha256"))
     }
 }
 
@@ -405,8 +431,11 @@ impl Store {
         };
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match location {
             Location::File(dir) => {
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| Error::io(Reason::Internal, "creating", &dir, e))?;
+                // A read-only session creates nothing, not even the store.
+                if !cfg.read_only {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| Error::io(Reason::Internal, "creating", &dir, e))?;
+                }
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(fail)?
                     .with_automatic_cleanup(true);
@@ -614,6 +643,9 @@ enum Found {
     Hit(Box<StoredEntry>),
     Miss,
     Corrupt(String),
+    /// A complete entry whose artifact sha256 is not `--artifact-sha256`:
+    /// the sha256 it has.
+    Unexpected(String),
     Unavailable(String),
 }
 
@@ -626,6 +658,8 @@ pub struct Session {
     key: Option<CacheKey>,
     id: String,
     lease_held: bool,
+    /// The sha256 of an entry refused for not being `--artifact-sha256`.
+    refused_sha256: Option<String>,
     pub status: CacheStatus,
     /// Seconds spent on the store (lookup, waiting, download, upload).
     pub seconds: f64,
@@ -651,6 +685,7 @@ impl Session {
             key: None,
             id: builder_id(),
             lease_held: false,
+            refused_sha256: None,
             status,
             seconds: 0.0,
         }
@@ -659,6 +694,40 @@ impl Session {
     /// Whether [`Session::lookup`] ran.
     pub fn looked_up(&self) -> bool {
         self.key.is_some()
+    }
+
+    /// Why there is nothing to install when compiling is not allowed
+    /// (`run --no-compile`) and the lookup found no usable entry:
+    /// `ChecksumMismatch` for an entry with another sha256 than
+    /// `--artifact-sha256`, else `ArtifactNotCached`.
+    pub fn not_cached_error(&self) -> Error {
+        let key = self.status.key.as_deref().unwrap_or("(not looked up)");
+        let url = self.status.url.as_deref().unwrap_or("?");
+        if let (Some(found), Some(expected)) = (&self.refused_sha256, &self.cfg.expected_sha256) {
+            return Error::new(
+                Reason::ChecksumMismatch,
+                format!(
+                    "the cache entry {key} in {url} holds an artifact with sha256 {found}, not the expected {expected} (--artifact-sha256); refused, and --no-compile forbids compiling on the node"
+                ),
+            )
+            .with_hint("let a build Job (`gpu-driver-installer prebuild`) store the artifact again and pass its status.built.artifactSha256, or allow compiling on the node");
+        }
+        let why = if self.status.warnings.is_empty() {
+            format!("{:?}", self.status.outcome)
+        } else {
+            format!(
+                "{:?}: {}",
+                self.status.outcome,
+                self.status.warnings.join("; ")
+            )
+        };
+        Error::new(
+            Reason::ArtifactNotCached,
+            format!(
+                "no usable artifact for {key} in the cache {url} ({why}), and --no-compile forbids compiling on the node"
+            ),
+        )
+        .with_hint("a build Job (`gpu-driver-installer prebuild` with write credentials) must store it first, or allow compiling on the node (run without --no-compile)")
     }
 
     /// Looks the key up. On a hit the verified artifact is written to
@@ -677,6 +746,9 @@ impl Session {
         self.status.key = Some(dir.clone());
         self.key = Some(key.clone());
         let store = self.store.as_ref()?;
+        if self.cfg.read_only {
+            return self.lookup_read_only(&key, &dir, artifact);
+        }
         let start = Instant::now();
         let mut corrupt = false;
         let mut waited_for: Option<String> = None;
@@ -692,7 +764,8 @@ impl Session {
                 _ => false,
             };
             if !unchanged {
-                match read_entry(store, &key, &dir, artifact, &mut self.status) {
+                let expected = self.cfg.expected_sha256.as_deref();
+                match read_entry(store, &key, &dir, artifact, expected, &mut self.status) {
                     Found::Hit(entry) => {
                         self.status.outcome = CacheOutcome::Hit;
                         if let Some(owner) = waited_for {
@@ -712,6 +785,10 @@ impl Session {
                         }
                         corrupt = true;
                         seen_manifest = store.head(&format!("{dir}/manifest.json")).ok().flatten();
+                    }
+                    Found::Unexpected(found) => {
+                        self.refuse_unexpected(&dir, found);
+                        return None;
                     }
                     Found::Unavailable(why) => {
                         self.status.outcome = CacheOutcome::Unavailable;
@@ -765,6 +842,55 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// `--cache-read-only`: one read of the entry; no lease, no waiting
+    /// for another builder's, and nothing is ever written.
+    fn lookup_read_only(
+        &mut self,
+        key: &CacheKey,
+        dir: &str,
+        artifact: &Path,
+    ) -> Option<StoredEntry> {
+        let store = self.store.as_ref()?;
+        let expected = self.cfg.expected_sha256.as_deref();
+        match read_entry(store, key, dir, artifact, expected, &mut self.status) {
+            Found::Hit(entry) => {
+                self.status.outcome = CacheOutcome::Hit;
+                return Some(*entry);
+            }
+            Found::Miss => {
+                self.status.outcome = CacheOutcome::Miss;
+                self.status.warn(format!(
+                    "no entry {dir}; the cache is read-only (--cache-read-only), so nothing built here is stored"
+                ));
+            }
+            Found::Corrupt(why) => {
+                self.status.outcome = CacheOutcome::Corrupt;
+                self.status.warn(format!(
+                    "entry {dir} is corrupt and the cache is read-only (--cache-read-only), so it is not replaced: {why}"
+                ));
+            }
+            Found::Unexpected(found) => self.refuse_unexpected(dir, found),
+            Found::Unavailable(why) => {
+                self.status.outcome = CacheOutcome::Unavailable;
+                self.status
+                    .warn(format!("store unavailable, compiling without it: {why}"));
+            }
+        }
+        None
+    }
+
+    /// An entry with another artifact sha256 than `--artifact-sha256`:
+    /// not used, and left in place (it is not this node's to replace; the
+    /// node's own compile would not have the expected sha256 either).
+    fn refuse_unexpected(&mut self, dir: &str, found: String) {
+        self.status.outcome = CacheOutcome::Miss;
+        self.status.warn(format!(
+            "entry {dir} holds an artifact with sha256 {found}, not the expected {} (--artifact-sha256); not used, and not replaced",
+            self.cfg.expected_sha256.as_deref().unwrap_or("?")
+        ));
+        self.refused_sha256 = Some(found);
     }
 
     /// Takes the key's lease, then confirms it: after [`LEASE_SETTLE`] the
@@ -872,7 +998,9 @@ impl Session {
         if matches!(
             self.status.outcome,
             CacheOutcome::Hit | CacheOutcome::Unavailable | CacheOutcome::Disabled
-        ) {
+        ) || self.cfg.read_only
+            || self.refused_sha256.is_some()
+        {
             return;
         }
         let (Some(store), Some(key)) = (&self.store, &self.key) else {
@@ -987,6 +1115,7 @@ fn read_entry(
     key: &CacheKey,
     dir: &str,
     artifact: &Path,
+    expected_sha256: Option<&str>,
     status: &mut CacheStatus,
 ) -> Found {
     let manifest = match store.get(&format!("{dir}/manifest.json")) {
@@ -1012,6 +1141,13 @@ fn read_entry(
     }
     if entry.artifact.contains('/') || !entry.artifact.ends_with(".tar.zst") {
         return Found::Corrupt(format!("manifest.json names artifact {:?}", entry.artifact));
+    }
+    // Refused before the download: the artifact is checked against the
+    // manifest's sha256 below, so the manifest's must be the expected one.
+    if let Some(expected) = expected_sha256 {
+        if !entry.artifact_sha256.eq_ignore_ascii_case(expected) {
+            return Found::Unexpected(entry.artifact_sha256);
+        }
     }
     if entry.artifact_size_bytes > MAX_ARTIFACT_BYTES {
         return Found::Corrupt(format!(
@@ -1181,6 +1317,8 @@ pub fn fetch_with_mirror(
             package_object(&file),
             doc.status.path.as_deref().unwrap_or("?")
         );
+    } else if cache.read_only {
+        tracing::debug!("{file}: not stored in the cache store: it is read-only");
     } else if let Some(path) = &doc.status.path {
         match store_package(cache, &file, Path::new(path)) {
             Ok(true) => tracing::info!("{file}: stored in the cache store {}", cache.url),
@@ -1195,6 +1333,9 @@ pub fn fetch_with_mirror(
 /// already. Returns whether it was written.
 pub fn store_package(cfg: &CacheConfig, file: &str, path: &Path) -> Result<bool> {
     check_file_name(file)?;
+    if cfg.read_only {
+        return Ok(false);
+    }
     let store = Store::open(cfg)?;
     let rel = package_object(file);
     if store.head(&rel).map_err(|e| unavailable(&e))?.is_some() {
@@ -1307,6 +1448,19 @@ mod tests {
             "gcc (Debian 12.2.0-14) 12.2.0",
         );
         assert!(arm.path().contains("/aarch64/"), "{}", arm.path());
+    }
+
+    #[test]
+    fn the_expected_artifact_sha256_must_be_a_sha256() {
+        let mut cfg = CacheConfig::new("file:///var/cache/x", false);
+        cfg.expected_sha256 = Some("ab".repeat(32));
+        cfg.check().unwrap();
+        for bad in ["", "abc", &"g".repeat(64), &"a".repeat(65)] {
+            cfg.expected_sha256 = Some(bad.to_string());
+            let e = cfg.check().unwrap_err();
+            assert_eq!(e.reason, Reason::InvalidArgument, "{bad:?}");
+            assert!(e.message.contains("--artifact-sha256"), "{e}");
+        }
     }
 
     #[test]

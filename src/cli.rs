@@ -97,6 +97,11 @@ pub enum Command {
     Verify(VerifyArgs),
     /// The Job: detect, resolve, fetch, build, install, verify.
     Run(RunArgs),
+    /// A build Job: resolve, fetch and build for a target OS, kernel
+    /// (--kernel-release) and architecture (--arch), without detecting a
+    /// host, and store the artifact in the cache (--cache-url, required);
+    /// status.built names the entry and the artifact's sha256.
+    Prebuild(PrebuildArgs),
     /// Print the JSON Schema of every result document.
     Schema,
     /// Check the catalog (embedded, or --catalog): every OS release and
@@ -206,6 +211,29 @@ pub struct RunArgs {
     pub nvidia_smi: Option<PathBuf>,
     #[command(flatten)]
     pub load: LoadArgs,
+    /// Never compile on the node: the artifact comes from the cache
+    /// (--cache-url), stored there by a build Job (`prebuild`), or the run
+    /// fails with ArtifactNotCached.
+    #[arg(long)]
+    pub no_compile: bool,
+    /// The expected sha256 of the cached artifact (a build Job's
+    /// status.built.artifactSha256): a cache entry with another is not
+    /// used (with --no-compile: ChecksumMismatch).
+    #[arg(long, value_name = "HEX")]
+    pub artifact_sha256: Option<String>,
+    #[command(flatten)]
+    pub fetch: FetchArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PrebuildArgs {
+    /// The target's OS as its os-release names it: `gardenlinux`, `debian`.
+    #[arg(long, value_name = "ID")]
+    pub os_id: String,
+    /// The target's OS version as detect reports it: Garden Linux's
+    /// GARDENLINUX_VERSION (`1877.3`), Debian's VERSION_ID (`12`).
+    #[arg(long, value_name = "VERSION")]
+    pub os_version: String,
     #[command(flatten)]
     pub fetch: FetchArgs,
 }
@@ -292,6 +320,11 @@ pub struct CacheArgs {
     /// How often a waiting builder looks for the artifact, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = crate::cache::DEFAULT_POLL_MS)]
     pub cache_poll_ms: u64,
+    /// Only read the cache: take no lease, store nothing (no artifact, no
+    /// package), for credentials that may only read. A miss compiles here
+    /// (unless --no-compile) without storing.
+    #[arg(long)]
+    pub cache_read_only: bool,
 }
 
 impl CacheArgs {
@@ -303,6 +336,7 @@ impl CacheArgs {
             wait: Duration::from_secs(self.cache_wait),
             lease_ttl: Duration::from_secs(self.cache_lease_ttl),
             poll: Duration::from_millis(self.cache_poll_ms.max(10)),
+            read_only: self.cache_read_only,
             ..crate::cache::CacheConfig::new(url, allow_http)
         })
     }
@@ -496,7 +530,14 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let mut cfg = with_load(with_fetch(config(g), &args.fetch), &args.load);
             cfg.artifact = args.artifact.clone();
             cfg.nvidia_smi = args.nvidia_smi.clone();
+            cfg.no_compile = args.no_compile;
+            cfg.artifact_sha256 = args.artifact_sha256.clone();
             deliver(g, Kind::RunResult, &run::run(&cfg))
+        }
+        Command::Prebuild(args) => {
+            let cfg = with_fetch(config(g), &args.fetch);
+            let doc = run::prebuild(&cfg, &args.os_id, &args.os_version);
+            deliver(g, Kind::RunResult, &doc)
         }
     }
 }
@@ -583,6 +624,7 @@ fn build_options(g: &GlobalArgs, args: &BuildArgs) -> BuildOptions {
         driver_version: args.driver_version.clone(),
         arch: g.arch.as_deref().and_then(crate::host::CpuArch::parse),
         cache: args.cache.config(args.allow_http),
+        no_compile: false,
     }
 }
 

@@ -141,6 +141,47 @@ pub fn detect_failed(spec: DetectSpec, outcome: Outcome) -> HostReport {
     Document::new(Kind::HostReport, spec, status)
 }
 
+/// The report of a node that is not here: `prebuild`'s target, given as
+/// the OS id and version a node of it reports (`gardenlinux` `1877.3`,
+/// `debian` `12`, as [`host::os_info_from`] reads them from os-release),
+/// its kernel and architecture. Nothing is read from a host; no GPU is
+/// known. `Detected` when the catalog lists the OS version, else
+/// `UnsupportedOs`.
+pub fn target_report(
+    spec: DetectSpec,
+    catalog: &Catalog,
+    os_id: &str,
+    os_version: &str,
+    kernel_release: &str,
+    arch: CpuArch,
+) -> HostReport {
+    let os = OsInfo {
+        id: os_id.to_string(),
+        id_like: Vec::new(),
+        version: Some(os_version.to_string()),
+        version_codename: None,
+        pretty_name: None,
+        variant_id: None,
+        source: "--os-id, --os-version".into(),
+    };
+    let mut status = HostStatus::new();
+    let supported = os_supported(catalog, &os);
+    status.outcome = match check_os(catalog, &os) {
+        Ok(()) => Outcome::new(
+            Reason::Detected,
+            format!(
+                "target {os_id} {os_version} with kernel {kernel_release} on {arch}, as given (no host detected, no GPU known)"
+            ),
+        ),
+        Err(e) => Outcome::from_error(&e),
+    };
+    status.os_supported = Some(supported);
+    status.os = Some(os);
+    status.kernel_release = Some(kernel_release.to_string());
+    status.arch = Some(arch);
+    Document::new(Kind::HostReport, spec, status)
+}
+
 fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
     let root = opts.root;
     let os = host::read_os(root)?;

@@ -128,6 +128,13 @@ pub enum Reason {
     KernelApiMismatch,
     /// The compile failed for another reason; the log excerpt says why.
     BuildFailed,
+    /// `run --no-compile`: the artifact cache holds no usable artifact for
+    /// the node's key (no entry, a corrupt one, or the store unreachable),
+    /// and compiling on the node is not allowed.
+    ArtifactNotCached,
+    /// `prebuild`: the artifact was built but is not in the cache afterwards
+    /// (the store refused or failed the upload, or could not be reached).
+    CacheWriteFailed,
     /// `install`: the artifact's modules are loaded and the driver root is
     /// in place.
     Installed,
@@ -215,6 +222,8 @@ impl Reason {
         Reason::ProcNotMounted,
         Reason::KernelApiMismatch,
         Reason::BuildFailed,
+        Reason::ArtifactNotCached,
+        Reason::CacheWriteFailed,
         Reason::Installed,
         Reason::AlreadyInstalled,
         Reason::Uninstalled,
@@ -265,7 +274,9 @@ impl Reason {
             | Reason::InsufficientDisk
             | Reason::ProcNotMounted
             | Reason::KernelApiMismatch
-            | Reason::BuildFailed => ReasonClass::Build,
+            | Reason::BuildFailed
+            | Reason::ArtifactNotCached
+            | Reason::CacheWriteFailed => ReasonClass::Build,
             Reason::NotRoot
             | Reason::ArtifactInvalid
             | Reason::VermagicMismatch
@@ -319,6 +330,8 @@ impl Reason {
             Reason::ProcNotMounted => "ProcNotMounted",
             Reason::KernelApiMismatch => "KernelApiMismatch",
             Reason::BuildFailed => "BuildFailed",
+            Reason::ArtifactNotCached => "ArtifactNotCached",
+            Reason::CacheWriteFailed => "CacheWriteFailed",
             Reason::Installed => "Installed",
             Reason::AlreadyInstalled => "AlreadyInstalled",
             Reason::Uninstalled => "Uninstalled",

@@ -85,21 +85,7 @@ impl Fixture {
     fn new(compile_seconds: u32) -> Fixture {
         let tmp = tempfile::tempdir().unwrap();
         let base = tmp.path().to_path_buf();
-        let headers = base.join(format!("usr/src/linux-headers-{REL}"));
-        let common = base.join("usr/src/linux-headers-common");
-        fs::create_dir_all(headers.join("include/generated")).unwrap();
-        fs::create_dir_all(common.join("include/linux")).unwrap();
-        fs::write(
-            headers.join("Makefile"),
-            format!("include {}/Makefile\n", common.display()),
-        )
-        .unwrap();
-        fs::write(common.join("Makefile"), "# common\n").unwrap();
-        fs::write(
-            headers.join("include/generated/utsrelease.h"),
-            format!("#define UTS_RELEASE \"{REL}\"\n"),
-        )
-        .unwrap();
+        let headers = install_headers(&base);
 
         let ko = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/modules/nvidia-peermem-535.261.03-open-6.1.0-50-cloud-amd64.ko");
@@ -130,6 +116,50 @@ impl Fixture {
         }
     }
 
+    /// The driver "source" packed as a module-source tarball (both
+    /// flavors' trees, the same Makefile), as `fetch` downloads it.
+    fn tarball(&self) -> Vec<u8> {
+        let proprietary = self.source.join("modules/nvidia-kernel");
+        if !proprietary.exists() {
+            let st = Command::new("cp")
+                .arg("-a")
+                .arg(self.source.join("modules/nvidia-open-kernel"))
+                .arg(&proprietary)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        let out = Command::new("tar")
+            .arg("-C")
+            .arg(&self.source)
+            .args(["-czf", "-", "modules"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "tar failed");
+        out.stdout
+    }
+
+    /// A node's host root at `<base>/<name>`: a copy of the T4 fixture
+    /// (Debian 12, one T4, kernel `REL`) with this fixture's headers
+    /// installed. `run` never reaches a load on it: its tests pass
+    /// `--module-params` naming a file that does not exist, which install
+    /// reads first, before the artifact is unpacked.
+    fn node(&self, name: &str) -> PathBuf {
+        let host = self.base.join(name);
+        let t4 =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hosts/debian-12-t4-headers");
+        let st = Command::new("cp")
+            .arg("-a")
+            .arg(&t4)
+            .arg(&host)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        fs::remove_dir_all(host.join(format!("usr/src/linux-headers-{REL}"))).unwrap();
+        install_headers(&host);
+        host
+    }
+
     fn compiles(&self) -> usize {
         fs::read_to_string(&self.counter)
             .map(|s| s.lines().count())
@@ -157,6 +187,28 @@ impl Fixture {
             .args(extra);
         c
     }
+}
+
+/// Debian-style split headers for `REL` under `root`
+/// (`usr/src/linux-headers-REL` including `usr/src/linux-headers-common`);
+/// returns the release's directory.
+fn install_headers(root: &Path) -> PathBuf {
+    let headers = root.join(format!("usr/src/linux-headers-{REL}"));
+    let common = root.join("usr/src/linux-headers-common");
+    fs::create_dir_all(headers.join("include/generated")).unwrap();
+    fs::create_dir_all(common.join("include/linux")).unwrap();
+    fs::write(
+        headers.join("Makefile"),
+        format!("include {}/Makefile\n", common.display()),
+    )
+    .unwrap();
+    fs::write(common.join("Makefile"), "# common\n").unwrap();
+    fs::write(
+        headers.join("include/generated/utsrelease.h"),
+        format!("#define UTS_RELEASE \"{REL}\"\n"),
+    )
+    .unwrap();
+    headers
 }
 
 // ------------------------------------------------------------ the S3 server
@@ -193,15 +245,50 @@ struct S3Server {
     child: Child,
     addr: SocketAddr,
     dir: tempfile::TempDir,
+    /// A copy of the binary that another user may run.
+    _exe_dir: Option<tempfile::TempDir>,
 }
 
 impl S3Server {
     fn start() -> Option<S3Server> {
+        Self::start_with(false)
+    }
+
+    /// A server that can read its bucket but not write it: every PUT
+    /// fails, as with credentials that may only read. As root the server
+    /// runs as nobody over a directory it may not write; otherwise the
+    /// bucket directory is made read-only.
+    fn start_read_only() -> Option<S3Server> {
+        Self::start_with(true)
+    }
+
+    fn start_with(read_only: bool) -> Option<S3Server> {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
         let exe = s3_server_binary()?;
         let dir = tempfile::tempdir().unwrap();
         fs::create_dir(dir.path().join(BUCKET)).unwrap();
         let addr = free_port();
-        let child = Command::new(exe)
+        let mut cmd = Command::new(&exe);
+        let mut exe_dir = None;
+        if read_only {
+            let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m));
+            if nix::unistd::geteuid().is_root() {
+                // nobody may not enter root's home, where the binary is.
+                let d = tempfile::tempdir().unwrap();
+                mode(d.path(), 0o755).unwrap();
+                let copy = d.path().join("s3s-fs");
+                fs::copy(&exe, &copy).unwrap();
+                cmd = Command::new(&copy);
+                exe_dir = Some(d);
+                mode(dir.path(), 0o755).unwrap();
+                mode(&dir.path().join(BUCKET), 0o755).unwrap();
+                cmd.uid(65534).gid(65534);
+            } else {
+                mode(&dir.path().join(BUCKET), 0o555).unwrap();
+            }
+        }
+        let child = cmd
             .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
             .args(["--access-key", KEY_ID, "--secret-key", SECRET])
             .arg(dir.path())
@@ -210,7 +297,12 @@ impl S3Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("starting s3s-fs");
-        let mut server = S3Server { child, addr, dir };
+        let mut server = S3Server {
+            child,
+            addr,
+            dir,
+            _exe_dir: exe_dir,
+        };
         // Until it listens (bounded; not a timing assertion).
         for _ in 0..200 {
             if TcpStream::connect(addr).is_ok() {
@@ -771,4 +863,478 @@ fn a_package_downloaded_elsewhere_is_stored_for_the_other_nodes() {
         r.doc
     );
     assert_eq!(server.count(), 1, "downloaded again despite the mirror");
+}
+
+// ------------------------------------------- build Jobs and install Jobs
+
+/// `prebuild`'s target: what the T4 fixture node reports.
+const TARGET: [&str; 8] = [
+    "--os-id",
+    "debian",
+    "--os-version",
+    "12",
+    "--kernel-release",
+    REL,
+    "--arch",
+    "amd64",
+];
+
+/// A web server for the fixture's driver tarball, and its sha256.
+fn package_server(fx: &Fixture) -> (support::http::Server, String) {
+    let tarball = fx.tarball();
+    let sum = sha256(&tarball);
+    let server =
+        support::http::Server::start(move |_| support::http::Reply::Ranged(tarball.clone()));
+    (server, sum)
+}
+
+/// The fetch flags of `run` and `prebuild` for that server (plain http:
+/// `--allow-http` comes with the S3 environment or is added for file://).
+fn package_args(server: &support::http::Server, sum: &str) -> Vec<String> {
+    [
+        "--url",
+        &server.url(&format!("/nvidia-fixture-{DRIVER}.tar.gz")),
+        "--sha256",
+        sum,
+        "--retries",
+        "0",
+        "--driver-version",
+        DRIVER,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// A build Job: `prebuild` for [`TARGET`] in the fixture's base (its
+/// headers are installed there, as in a builder image).
+fn prebuild(fx: &Fixture, pkg: &[String], cache_url: &str, extra: &[&str]) -> Command {
+    let mut c = bin();
+    c.arg("--host-root")
+        .arg(&fx.base)
+        .arg("prebuild")
+        .args(TARGET)
+        .args(pkg)
+        .args(["--cache-url", cache_url])
+        .args(extra);
+    c
+}
+
+/// An install Job: `run` on a node (see [`Fixture::node`]: install stops
+/// at its missing `--module-params`, before anything is unpacked).
+fn run_node(host: &Path, pkg: &[String], cache_url: &str, extra: &[&str]) -> Command {
+    let mut c = bin();
+    c.arg("--host-root")
+        .arg(host)
+        .arg("run")
+        .args(pkg)
+        .args(["--cache-url", cache_url, "--module-params"])
+        .arg(host.join("no-such-module-params"))
+        .args(extra);
+    c
+}
+
+/// A step's whole document, as `run` and `prebuild` log it on stderr
+/// (`<Kind>: {json}`); the last one of that kind.
+fn step(r: &Run, kind: &str) -> Value {
+    let marker = format!("{kind}: {{");
+    let line = r
+        .stderr
+        .lines()
+        .rfind(|l| l.contains(&marker))
+        .unwrap_or_else(|| panic!("no {kind} logged:\n{}", r.stderr));
+    let at = line.find(&marker).unwrap() + kind.len() + 2;
+    serde_json::from_str(&line[at..]).unwrap_or_else(|e| panic!("{kind} ({e}): {line}"))
+}
+
+/// The kinds of the run's steps, in order.
+fn step_kinds(r: &Run) -> Vec<String> {
+    r.doc["status"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every file under `dir` with its bytes: a store before and after.
+fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(
+                    p.strip_prefix(dir).unwrap().to_path_buf(),
+                    fs::read(&p).unwrap(),
+                );
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let fx = Fixture::new(0);
+    let (packages, sum) = package_server(&fx);
+    let pkg = package_args(&packages, &sum);
+    let url = server.url("cluster-a");
+    let node = fx.node("node");
+
+    // Before any build Job: an install Job that may not compile fails,
+    // and, read-only, writes nothing (not even the package it fetched).
+    let empty = snapshot(&server.bucket_dir());
+    let r = run_s3(
+        &server,
+        run_node(&node, &pkg, &url, &["--cache-read-only", "--no-compile"]),
+    );
+    assert_eq!(r.reason(), "ArtifactNotCached", "{}\n{}", r.doc, r.stderr);
+    assert_eq!(r.code, 13, "{}", r.doc);
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("artifacts/v") && msg.contains("prebuild"),
+        "{msg}"
+    );
+    assert_eq!(step_kinds(&r).last().unwrap(), "BuildResult");
+    assert_eq!(fx.compiles(), 0, "--no-compile compiled");
+    assert_eq!(
+        snapshot(&server.bucket_dir()),
+        empty,
+        "a read-only run wrote"
+    );
+
+    // The build Job: no GPU known, so auto is what resolve picks without
+    // GPUs (535 predates open-by-default: proprietary), and says so.
+    let a = run_s3(&server, prebuild(&fx, &pkg, &url, &[]));
+    assert_eq!(a.reason(), "Built", "{}\n{}", a.doc, a.stderr);
+    assert_eq!(a.code, 0);
+    assert_eq!(a.doc["kind"], "RunResult");
+    assert_eq!(
+        step_kinds(&a),
+        ["InstallPlan", "FetchResult", "BuildResult"],
+        "{}",
+        a.doc
+    );
+    let plan = step(&a, "InstallPlan");
+    assert!(
+        plan["status"]["flavorReason"]
+            .as_str()
+            .unwrap()
+            .starts_with("no GPU known (prebuild for a target)"),
+        "{plan}"
+    );
+    let built = a.doc["status"]["built"].clone();
+    assert_eq!(built["driverVersion"], DRIVER, "{built}");
+    assert_eq!(built["flavor"], "proprietary", "{built}");
+    assert_eq!(built["kernelRelease"], REL, "{built}");
+    assert_eq!(built["arch"], "x86_64", "{built}");
+    let key = built["cacheKey"].as_str().unwrap().to_string();
+    let sha = built["artifactSha256"].as_str().unwrap().to_string();
+    // What the store really holds: its manifest's sha256 and the bytes.
+    let entry = server.bucket_dir().join("cluster-a").join(&key);
+    let manifest: Value =
+        serde_json::from_slice(&fs::read(entry.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["artifactSha256"], sha.as_str(), "{manifest}");
+    let object = entry.join(manifest["artifact"].as_str().unwrap());
+    assert_eq!(sha256(&fs::read(object).unwrap()), sha);
+    assert_eq!(fx.compiles(), 1);
+
+    // A second build Job finds it: a verified hit, nothing compiled.
+    let b = run_s3(&server, prebuild(&fx, &pkg, &url, &[]));
+    assert_eq!(b.reason(), "Built", "{}\n{}", b.doc, b.stderr);
+    assert_eq!(step(&b, "BuildResult")["status"]["cache"]["outcome"], "Hit");
+    assert_eq!(b.doc["status"]["built"], built);
+    assert_eq!(fx.compiles(), 1);
+
+    // Install Jobs: read-only, never compiling, and only the artifact the
+    // build Job reported.
+    let stored = snapshot(&server.bucket_dir());
+    let wrong = sha256(b"another artifact");
+    fn only(expected: &str) -> Vec<&str> {
+        vec![
+            "--cache-read-only",
+            "--no-compile",
+            "--artifact-sha256",
+            expected,
+        ]
+    }
+    let r = run_s3(&server, run_node(&node, &pkg, &url, &only(&wrong)));
+    assert_eq!(r.reason(), "ChecksumMismatch", "{}\n{}", r.doc, r.stderr);
+    assert_eq!(r.code, 12);
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(msg.contains(&wrong) && msg.contains(&sha), "{msg}");
+    assert_eq!(fx.compiles(), 1);
+
+    let r = run_s3(
+        &server,
+        run_node(&node, &pkg, &url, &only(&sha.to_uppercase())),
+    );
+    let build = step(&r, "BuildResult");
+    assert_eq!(build["status"]["reason"], "Built", "{build}\n{}", r.stderr);
+    assert_eq!(build["status"]["cache"]["outcome"], "Hit", "{build}");
+    assert_eq!(build["status"]["artifactSha256"], sha.as_str());
+    // Then install, stopped at the missing --module-params.
+    assert_eq!(step_kinds(&r).last().unwrap(), "InstallResult", "{}", r.doc);
+    assert_eq!(fx.compiles(), 1);
+
+    // Allowed to compile, a node refuses the entry all the same, compiles
+    // its own, and neither replaces the entry nor stores anything.
+    let r = run_s3(
+        &server,
+        run_node(
+            &node,
+            &pkg,
+            &url,
+            &["--cache-read-only", "--artifact-sha256", &wrong],
+        ),
+    );
+    let build = step(&r, "BuildResult");
+    assert_eq!(build["status"]["reason"], "Built", "{build}\n{}", r.stderr);
+    let cache = &build["status"]["cache"];
+    assert_eq!(cache["outcome"], "Miss", "{build}");
+    assert_eq!(cache["stored"], false, "{build}");
+    assert!(
+        cache["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("--artifact-sha256"),
+        "{build}"
+    );
+    assert_eq!(fx.compiles(), 2);
+    assert_eq!(
+        snapshot(&server.bucket_dir()),
+        stored,
+        "a read-only run wrote"
+    );
+}
+
+#[test]
+fn s3_a_build_job_that_cannot_write_the_store_fails_cache_write_failed() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let fx = Fixture::new(0);
+    let (packages, sum) = package_server(&fx);
+    let pkg = package_args(&packages, &sum);
+
+    // Credentials the store refuses.
+    let mut c = prebuild(&fx, &pkg, &server.url("p"), &[]);
+    server.env(&mut c);
+    c.env("AWS_SECRET_ACCESS_KEY", "not-the-secret-key");
+    let r = finish(c.output().unwrap());
+    assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
+    assert_eq!(r.code, 13);
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("not in the cache") && msg.contains("Unavailable"),
+        "{msg}"
+    );
+    assert!(r.doc["status"].get("built").is_none(), "{}", r.doc);
+    assert!(
+        !r.stderr.contains("not-the-secret-key")
+            && !r.doc.to_string().contains("not-the-secret-key")
+    );
+    assert_eq!(fx.compiles(), 1);
+    assert!(snapshot(&server.bucket_dir()).is_empty());
+
+    // A store that may be read but not written (read-only credentials
+    // given to a build Job): the lookup works, every write fails.
+    let Some(read_only) = S3Server::start_read_only() else {
+        return;
+    };
+    let r = run_s3(
+        &read_only,
+        prebuild(&fx, &pkg, &read_only.url("p"), &["--cache-wait", "0"]),
+    );
+    assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
+    assert_eq!(r.code, 13);
+    let msg = r.doc["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("(cache Miss: ") && msg.contains("not stored"),
+        "{msg}"
+    );
+    assert_eq!(fx.compiles(), 2);
+    assert!(snapshot(&read_only.bucket_dir()).is_empty());
+}
+
+#[test]
+fn file_store_a_read_only_run_writes_nothing_even_on_a_miss() {
+    let fx = Fixture::new(0);
+    let (packages, sum) = package_server(&fx);
+    let mut pkg = package_args(&packages, &sum);
+    pkg.push("--allow-http".into());
+    let store = tempfile::tempdir().unwrap();
+    fs::write(store.path().join("README"), "the cluster owner's store\n").unwrap();
+    let url = format!("file://{}", store.path().display());
+    let node = fx.node("node");
+    let before = snapshot(store.path());
+
+    let r = finish(
+        run_node(&node, &pkg, &url, &["--cache-read-only"])
+            .output()
+            .unwrap(),
+    );
+    let build = step(&r, "BuildResult");
+    assert_eq!(build["status"]["reason"], "Built", "{build}\n{}", r.stderr);
+    let cache = &build["status"]["cache"];
+    assert_eq!(cache["outcome"], "Miss", "{build}");
+    assert_eq!(cache["stored"], false, "{build}");
+    assert!(cache.get("lease").is_none(), "{build}");
+    assert!(
+        cache["warnings"][0].as_str().unwrap().contains("read-only"),
+        "{build}"
+    );
+    assert_eq!(fx.compiles(), 1);
+    assert_eq!(step_kinds(&r).last().unwrap(), "InstallResult", "{}", r.doc);
+    assert_eq!(snapshot(store.path()), before, "a read-only run wrote");
+
+    // The same run allowed to write stores the artifact and the package:
+    // what the read-only run left out.
+    let r = finish(run_node(&node, &pkg, &url, &[]).output().unwrap());
+    let build = step(&r, "BuildResult");
+    assert_eq!(
+        build["status"]["cache"]["stored"], true,
+        "{build}\n{}",
+        r.stderr
+    );
+    assert_eq!(fx.compiles(), 2);
+    let after = snapshot(store.path());
+    assert!(
+        after.keys().any(|p| p.ends_with("manifest.json")),
+        "{:?}",
+        after.keys()
+    );
+    assert!(
+        after.contains_key(Path::new(&format!(
+            "packages/nvidia-fixture-{DRIVER}.tar.gz"
+        ))),
+        "{:?}",
+        after.keys()
+    );
+}
+
+#[test]
+fn prebuild_and_install_job_flags_are_checked_before_anything_runs() {
+    let fx = Fixture::new(0);
+    let store = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", store.path().display());
+    let any_sha = "a".repeat(64);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "prebuild",
+                "--os-id",
+                "debian",
+                "--os-version",
+                "12",
+                "--arch",
+                "amd64",
+                "--cache-url",
+                &url,
+            ],
+            "--kernel-release",
+        ),
+        (
+            vec![
+                "prebuild",
+                "--os-id",
+                "debian",
+                "--os-version",
+                "12",
+                "--kernel-release",
+                REL,
+                "--cache-url",
+                &url,
+            ],
+            "--arch",
+        ),
+        (
+            vec![
+                "prebuild",
+                "--os-id",
+                "debian",
+                "--os-version",
+                "12",
+                "--kernel-release",
+                REL,
+                "--arch",
+                "amd64",
+            ],
+            "--cache-url",
+        ),
+        (
+            vec![
+                "prebuild",
+                "--os-id",
+                "debian",
+                "--os-version",
+                "12",
+                "--kernel-release",
+                REL,
+                "--arch",
+                "amd64",
+                "--cache-url",
+                &url,
+                "--cache-read-only",
+            ],
+            "--cache-read-only",
+        ),
+        (
+            vec!["run", "--cache-url", &url, "--artifact-sha256", "abc"],
+            "64 hex digits",
+        ),
+        (
+            vec!["run", "--no-compile"],
+            "--no-compile without --cache-url",
+        ),
+        (
+            vec!["run", "--artifact-sha256", &any_sha],
+            "there is no --cache-url",
+        ),
+    ];
+    for (args, says) in cases {
+        let mut c = bin();
+        c.arg("--host-root").arg(&fx.base).args(&args);
+        let r = finish(c.output().unwrap());
+        assert_eq!(
+            r.reason(),
+            "InvalidArgument",
+            "{args:?}: {}\n{}",
+            r.doc,
+            r.stderr
+        );
+        assert_eq!(r.code, 4, "{args:?}");
+        let msg = r.doc["status"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{args:?}: {msg}");
+        assert!(
+            r.doc["status"]["steps"].as_array().unwrap().is_empty(),
+            "{}",
+            r.doc
+        );
+    }
+    assert!(snapshot(store.path()).is_empty(), "a refused command wrote");
+    // A target the catalog does not list: refused before resolve.
+    let mut c = bin();
+    c.arg("--host-root")
+        .arg(&fx.base)
+        .args(["prebuild", "--os-id", "ubuntu", "--os-version", "24.04"])
+        .args([
+            "--kernel-release",
+            REL,
+            "--arch",
+            "amd64",
+            "--cache-url",
+            &url,
+        ]);
+    let r = finish(c.output().unwrap());
+    assert_eq!(r.reason(), "UnsupportedOs", "{}", r.doc);
+    assert_eq!(r.code, 10);
+    assert_eq!(fx.compiles(), 0);
 }
