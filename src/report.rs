@@ -119,14 +119,24 @@ pub fn termination_message<T: ResultDocument>(kind: Kind, doc: &T) -> Result<Str
         return Ok(full);
     }
     let outcome = doc.outcome();
+    // What the operator acts on besides the outcome survives the cut: the
+    // installed driver (`run`) and the stored artifact's digest (`prebuild`).
+    let value: serde_json::Value = serde_json::from_str(&full).unwrap_or_default();
+    let kept: Vec<(&str, serde_json::Value)> = ["installed", "built"]
+        .into_iter()
+        .filter_map(|k| Some((k, value.pointer(&format!("/status/{k}"))?.clone())))
+        .collect();
     let compact = |message: &str| {
-        serde_json::json!({
+        let mut c = serde_json::json!({
             "apiVersion": API_VERSION,
             "kind": kind,
             "truncated": true,
             "status": { "phase": outcome.phase, "reason": outcome.reason, "message": message },
-        })
-        .to_string()
+        });
+        for (k, v) in &kept {
+            c["status"][*k] = v.clone();
+        }
+        c.to_string()
     };
     // Escaping makes the JSON longer than the text by a varying amount, so
     // binary-search the longest prefix (cut on a char boundary) that fits.

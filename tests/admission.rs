@@ -355,6 +355,17 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
         &other_secret,
         &["cache.secretName operator-token is not an allowed Secret".to_string()],
     );
+    let other_writer = with_cache(
+        gpudriver("other-writer", &builder(), &installer(), &[]),
+        json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "gpu-driver-cache",
+            "writeSecretName": "operator-token"}),
+    );
+    assert_refused(
+        &c,
+        "cache write secret not allowed",
+        &other_writer,
+        &["cache.writeSecretName operator-token is not an allowed Secret".to_string()],
+    );
     let http = with_cache(
         gpudriver("http-cache", &builder(), &installer(), &[]),
         json!({"url": "s3://gpu-driver-cache/cluster-a", "allowHttp": true}),

@@ -16,7 +16,7 @@ use gpu_driver::operator::keys;
 use gpu_driver::operator::leader;
 use gpu_driver::operator::metrics::Metrics;
 use gpu_driver::report::{Outcome, Reason};
-use gpu_driver::run::{Installed, RunSpec, Steps};
+use gpu_driver::run::{BuiltArtifact, Installed, RunSpec, Steps};
 use serde_json::{Value, json};
 use support::cluster::{Cluster, EXIT_CODE, TERMINATION_MESSAGE};
 
@@ -42,6 +42,7 @@ fn run_result(reason: Reason, message: &str) -> String {
             host_root: "/proc/1/root".into(),
             artifact: None,
             driver_version: None,
+            target: None,
         },
         Some(Outcome::new(reason, message)),
     );
@@ -260,6 +261,7 @@ fn manifests_are_accepted_by_the_apiserver() {
     for want in [
         "deploy/operator.yaml",
         "deploy/job-template.yaml",
+        "deploy/build-job-template.yaml",
         "deploy/examples/gpudriver.yaml",
         "deploy/examples/cuda-vectoradd.yaml",
     ] {
@@ -954,5 +956,480 @@ fn a_reboot_taints_and_unreadies_the_node_until_the_reinstall_is_verified() {
     }
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(node_writes(), 8);
+    drop(op);
+}
+
+/// What a real `gpu-driver-installer prebuild` writes once the artifact is
+/// in the store.
+fn build_result(sha: &str, kernel: &str) -> String {
+    let mut steps = Steps::new();
+    steps.set_built(BuiltArtifact {
+        driver_version: "580.95.05".into(),
+        flavor: gpu_driver::host::ModuleFlavor::Open,
+        kernel_release: kernel.into(),
+        arch: gpu_driver::host::CpuArch::X86_64,
+        cache_key: format!("artifacts/v1.1/x86_64/{kernel}/580.95.05/open/cc-0123456789abcdef"),
+        artifact_sha256: sha.into(),
+    });
+    let doc = steps.finish(
+        RunSpec {
+            host_root: "/".into(),
+            artifact: None,
+            driver_version: None,
+            target: None,
+        },
+        Some(Outcome::new(Reason::Built, "stored")),
+    );
+    gpu_driver::report::termination_message(gpu_driver::report::Kind::RunResult, &doc).unwrap()
+}
+
+/// Jobs of `role` (install, build, detect) in the operator's namespace.
+fn jobs_of(c: &Cluster, role: &str) -> Vec<Value> {
+    let jobs = get_json(
+        c,
+        &[
+            "jobs",
+            "-n",
+            NS,
+            "-l",
+            &format!("{}={role}", keys::ROLE_LABEL),
+        ],
+    );
+    jobs["items"].as_array().unwrap().clone()
+}
+
+/// Plays the installer for the unanswered pods of `role` jobs whose
+/// annotation `key` (node or target) satisfies `pick`.
+fn answer_role(
+    c: &Cluster,
+    role: &str,
+    pick: impl Fn(&Value) -> bool,
+    exit_code: &str,
+    message: &str,
+) -> usize {
+    let pods = get_json(
+        c,
+        &[
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            &format!("{}={role}", keys::ROLE_LABEL),
+        ],
+    );
+    let mut n = 0;
+    for p in pods["items"].as_array().unwrap() {
+        if !p["metadata"]["annotations"][EXIT_CODE].is_null() || !pick(p) {
+            continue;
+        }
+        let patch = json!({"metadata": {"annotations": {
+            EXIT_CODE: exit_code, TERMINATION_MESSAGE: message}}})
+        .to_string();
+        c.kubectl(&[
+            "patch",
+            "pod",
+            p["metadata"]["name"].as_str().unwrap(),
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            &patch,
+        ]);
+        n += 1;
+    }
+    n
+}
+
+fn on_node(node: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |p: &Value| p["metadata"]["annotations"][keys::NODE] == node
+}
+
+/// Polls `f` until it returns Some, for at most WAIT.
+fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn args_of(job: &Value) -> String {
+    job["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn secrets_of(job: &Value) -> Vec<String> {
+    job["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["secretRef"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn install_job_of<'a>(jobs: &'a [Value], node: &str) -> Option<&'a Value> {
+    jobs.iter()
+        .find(|j| j["metadata"]["annotations"][keys::NODE] == node)
+}
+
+/// Build apart from install, against the real apiserver, the Job
+/// controller, the scheduler and KWOK: a prebuild target gets its build Job
+/// before any node runs it, and the build Job is scheduled (not pinned),
+/// not privileged, without hostPID or host mounts, and alone holds the
+/// write Secret. A node of that target installs at once, with the build's
+/// digest and only the read-only Secret; a node of a new kernel waits for
+/// its build Job; a failed build lets the node compile for itself
+/// (compileOnNode). The status lists every target.
+#[test]
+fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
+    let Some(c) = Cluster::start_with(support::cluster::JobPods::Manual) else {
+        return;
+    };
+    install_base(&c);
+    // A CPU node for build Jobs (the kubelet's arch label), in no GPU pool.
+    c.apply(
+        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-1",
+            "labels": {"kubernetes.io/arch": "amd64", "pool": "cpu"}}})
+        .to_string(),
+    );
+    let mut gd: Value = serde_json::from_str(&gpudriver("bld", "bld", json!({}))).unwrap();
+    gd["spec"]["cache"] = json!({"url": "s3://gpu-cache/cluster-a",
+        "secretName": "cache-reader", "writeSecretName": "cache-writer"});
+    gd["spec"]["prebuild"] = json!([{"gardenLinuxVersion": "1592.4",
+        "kernelRelease": "6.6.70-cloud-amd64", "arch": "amd64"}]);
+    gd["spec"]["job"] = json!({"retryBaseSeconds": 3600});
+    c.apply(&gd.to_string());
+    let op = Running::start(&c);
+
+    // The prebuild target's build Job, before any node runs its kernel.
+    let build = until("the prebuild's build Job", || {
+        jobs_of(&c, "build").into_iter().next()
+    });
+    let pod = &build["spec"]["template"]["spec"];
+    assert!(pod["nodeName"].is_null(), "{pod}");
+    assert_ne!(pod["hostPID"], true);
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/arch"], "amd64");
+    for ctr in pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(pod["initContainers"].as_array().unwrap())
+    {
+        assert_ne!(ctr["securityContext"]["privileged"], true, "{ctr}");
+        assert_eq!(ctr["securityContext"]["allowPrivilegeEscalation"], false);
+    }
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["hostPath"].is_null()),
+        "{pod}"
+    );
+    assert_eq!(secrets_of(&build), ["cache-writer"]);
+    let args = args_of(&build);
+    assert!(
+        args.contains("prebuild --os-id gardenlinux --os-version 1592.4 --kernel-release 6.6.70-cloud-amd64 --arch amd64"),
+        "{args}"
+    );
+    // Scheduled onto the CPU node by the real scheduler.
+    let sha_a = "a".repeat(64);
+    until("the build pod scheduled and answered", || {
+        (answer_role(
+            &c,
+            "build",
+            |_| true,
+            "0",
+            &build_result(&sha_a, "6.6.70-cloud-amd64"),
+        ) > 0)
+            .then_some(())
+    });
+    let pods = get_json(
+        &c,
+        &[
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            &format!("{}=build", keys::ROLE_LABEL),
+        ],
+    );
+    assert_eq!(pods["items"][0]["spec"]["nodeName"], "cpu-1");
+    c.wait_for(
+        &["gpudriver", "bld"],
+        "{.status.targets[0].phase}",
+        "Cached",
+        WAIT,
+    );
+
+    // A node of the prebuilt target installs at once, with the digest.
+    let mut n1: Value = serde_json::from_str(&node("bld-1", "bld", true, true)).unwrap();
+    n1["status"]["nodeInfo"]["kernelVersion"] = json!("6.6.70-cloud-amd64");
+    c.apply(&n1.to_string());
+    let install = until("bld-1's install Job", || {
+        install_job_of(&jobs_of(&c, "install"), "bld-1").cloned()
+    });
+    let t = |j: &Value| {
+        j["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(t(&build) <= t(&install), "build Job first");
+    assert_eq!(secrets_of(&install), ["cache-reader"]);
+    let args = args_of(&install);
+    assert!(
+        args.contains(&format!("--cache-read-only --artifact-sha256 {sha_a}")),
+        "{args}"
+    );
+    assert!(!args.contains("--no-compile"), "{args}");
+    assert_eq!(jobs_of(&c, "build").len(), 1, "one build per target");
+
+    // A new kernel: its build Job first; the install waits for it.
+    c.apply(&node("bld-2", "bld", true, true));
+    until("bld-2's build Job", || {
+        (jobs_of(&c, "build").len() == 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        install_job_of(&jobs_of(&c, "install"), "bld-2").is_none(),
+        "bld-2 must wait for its build"
+    );
+    let sha_b = "b".repeat(64);
+    let kernel_b = "6.6.63-cloud-amd64";
+    answer_role(
+        &c,
+        "build",
+        |p| p["metadata"]["annotations"][EXIT_CODE].is_null(),
+        "0",
+        &build_result(&sha_b, kernel_b),
+    );
+    let install2 = until("bld-2's install Job after its build", || {
+        install_job_of(&jobs_of(&c, "install"), "bld-2").cloned()
+    });
+    assert!(args_of(&install2).contains(&format!("--artifact-sha256 {sha_b}")));
+
+    // A failed build: the node compiles for itself (compileOnNode).
+    let mut n3: Value = serde_json::from_str(&node("bld-3", "bld", true, true)).unwrap();
+    n3["status"]["nodeInfo"]["kernelVersion"] = json!("6.6.80-cloud-amd64");
+    c.apply(&n3.to_string());
+    until("bld-3's build Job", || {
+        (jobs_of(&c, "build").len() == 3).then_some(())
+    });
+    let failed = run_result(Reason::BuildFailed, "make: *** [Makefile:42] Error 2");
+    until("bld-3's build failed", || {
+        (answer_role(&c, "build", |_| true, "13", &failed) > 0).then_some(())
+    });
+    let install3 = until("bld-3's install Job after the failed build", || {
+        install_job_of(&jobs_of(&c, "install"), "bld-3").cloned()
+    });
+    let args = args_of(&install3);
+    assert!(
+        args.contains("--cache-read-only") && !args.contains("--artifact-sha256"),
+        "{args}"
+    );
+
+    // The nodes install; the status shows every target.
+    let installed = run_result(Reason::Verified, "driver 580.95.05 verified");
+    for n in ["bld-1", "bld-2", "bld-3"] {
+        until(&format!("{n} answered"), || {
+            (answer_role(&c, "install", on_node(n), "0", &installed) > 0).then_some(())
+        });
+        wait_annotation(&c, n, keys::STATE, "Installed");
+    }
+    let targets = until("three targets in the status", || {
+        let gd = get_json(&c, &["gpudriver", "bld"]);
+        let ts = gd["status"]["targets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        (ts.len() == 3 && ts.iter().any(|t| t["phase"] == "Failed")).then_some(ts)
+    });
+    let by_kernel = |k: &str| {
+        targets
+            .iter()
+            .find(|t| t["kernelRelease"] == k)
+            .unwrap_or_else(|| panic!("{k}: {targets:?}"))
+    };
+    assert_eq!(
+        by_kernel("6.6.70-cloud-amd64")["artifactSha256"],
+        sha_a.as_str()
+    );
+    assert_eq!(by_kernel(kernel_b)["phase"], "Cached");
+    assert_eq!(by_kernel("6.6.80-cloud-amd64")["reason"], "BuildFailed");
+    assert_eq!(by_kernel("6.6.70-cloud-amd64")["nodes"], 1);
+    drop(op);
+}
+
+/// A node's cordon, upgrade annotation and whether its GPU pod is still
+/// there.
+fn upgrade_view(c: &Cluster, node: &str) -> (bool, Option<String>) {
+    let n = get_json(c, &["node", node]);
+    (
+        n["spec"]["unschedulable"] == true,
+        n["metadata"]["annotations"][keys::UPGRADE]
+            .as_str()
+            .map(str::to_string),
+    )
+}
+
+fn gpu_pod(name: &str, node: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "work", "labels": {"app": name}},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "cuda", "image": "cuda:12",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    })
+    .to_string()
+}
+
+/// A rolling driver upgrade against the real apiserver, the disruption
+/// controller and KWOK: changing the driver version upgrades at most
+/// maxUnavailable (1) nodes at a time; each is cordoned, its GPU pods are
+/// evicted through the Eviction API, and a PodDisruptionBudget that
+/// forbids the eviction holds the node (and so the roll) in Draining with
+/// no install Job until the budget allows it; then install, verify,
+/// uncordon. A node someone else cordoned stays cordoned. Each
+/// transition is on the node and an Event.
+#[test]
+fn a_driver_upgrade_rolls_within_max_unavailable_and_respects_a_pdb() {
+    let Some(c) = Cluster::start_with(support::cluster::JobPods::Manual) else {
+        return;
+    };
+    install_base(&c);
+    let mut gd: Value = serde_json::from_str(&gpudriver("up", "up", json!({}))).unwrap();
+    gd["spec"]["driver"] = json!({"version": "550.163.01", "flavor": "open"});
+    gd["spec"]["upgradePolicy"] = json!({"maxUnavailable": 1, "drainTimeoutSeconds": 600});
+    c.apply(&gd.to_string());
+    let nodes = ["up-1", "up-2", "up-3"];
+    for n in nodes {
+        c.apply(&node(n, "up", true, true));
+    }
+    let op = Running::start(&c);
+    let installed = run_result(Reason::Verified, "driver verified");
+    until_nodes(&c, &nodes, Some(&installed), |_, (label, _)| {
+        label.as_deref() == Some("true")
+    });
+
+    // GPU workloads: one on up-1 behind a PDB that forbids its eviction,
+    // one on up-2 without; up-3 cordoned by someone else.
+    c.kubectl(&["create", "namespace", "work"]);
+    c.apply(&gpu_pod("train-1", "up-1"));
+    c.apply(&gpu_pod("train-2", "up-2"));
+    c.apply(
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "train-1", "namespace": "work"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-1"}}}})
+        .to_string(),
+    );
+    c.wait_for(
+        &["pdb", "train-1", "-n", "work"],
+        "{.status.currentHealthy}",
+        "1",
+        WAIT,
+    );
+    c.kubectl(&["cordon", "up-3"]);
+
+    c.kubectl(&[
+        "patch",
+        "gpudriver",
+        "up",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"driver":{"version":"580.95.05"}}}"#,
+    ]);
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let mut seen_blocked = false;
+    let mut max_busy = 0;
+    loop {
+        let views: Vec<_> = nodes.iter().map(|n| (*n, upgrade_view(&c, n))).collect();
+        let busy: Vec<&str> = views
+            .iter()
+            .filter(|(_, (_, u))| u.is_some())
+            .map(|(n, _)| *n)
+            .collect();
+        max_busy = max_busy.max(busy.len());
+        assert!(
+            busy.len() <= 1,
+            "more than maxUnavailable upgrading: {views:?}"
+        );
+        let done = nodes.iter().all(|n| {
+            let a = get_json(&c, &["node", n]);
+            a["metadata"]["annotations"][keys::STATE] == "Installed"
+                && a["metadata"]["annotations"][keys::UPGRADE].is_null()
+                && a["metadata"]["labels"][keys::READY_LABEL] == "true"
+                && jobs_of(&c, "install").len() == 6
+        });
+        if done {
+            break;
+        }
+        if !seen_blocked && views[0].1 == (true, Some("Draining".into())) {
+            // The PDB refuses the eviction: the pod stays, no install Job
+            // starts on up-1, and no other node starts either.
+            std::thread::sleep(Duration::from_secs(4));
+            assert_eq!(upgrade_view(&c, "up-1"), (true, Some("Draining".into())));
+            let pod = c.kubectl_output(&["get", "pod", "train-1", "-n", "work"], None);
+            assert!(pod.status.success(), "train-1 evicted despite its PDB");
+            let up1_jobs = jobs_of(&c, "install")
+                .into_iter()
+                .filter(|j| j["metadata"]["annotations"][keys::NODE] == "up-1")
+                .count();
+            assert_eq!(up1_jobs, 1, "no upgrade install Job while draining");
+            let status = get_json(&c, &["gpudriver", "up"]);
+            assert_eq!(status["status"]["upgrade"]["inProgress"], json!(["up-1"]));
+            c.kubectl(&["delete", "pdb", "train-1", "-n", "work"]);
+            seen_blocked = true;
+        }
+        // Answer only the install Jobs of nodes that are drained.
+        for (n, (_, u)) in &views {
+            if u.as_deref() == Some("Installing") {
+                answer_role(&c, "install", on_node(n), "0", &installed);
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "roll not done: {views:?} {}",
+            get_json(&c, &["gpudriver", "up"])["status"]
+        );
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    assert!(seen_blocked, "up-1 was never seen held by its PDB");
+    assert_eq!(max_busy, 1);
+    // Evicted: both pods gone once their nodes upgraded.
+    for p in ["train-1", "train-2"] {
+        let out = c.kubectl_output(&["get", "pod", p, "-n", "work"], None);
+        assert!(!out.status.success(), "{p} still there");
+    }
+    // Uncordoned where we cordoned; up-3 stays as its owner left it.
+    assert_eq!(upgrade_view(&c, "up-1"), (false, None));
+    assert_eq!(upgrade_view(&c, "up-2"), (false, None));
+    assert_eq!(upgrade_view(&c, "up-3"), (true, None));
+    let events = get_json(&c, &["events.events.k8s.io", "-A"]);
+    let reasons: Vec<String> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["regarding"]["name"] == "up-1")
+        .map(|e| e["reason"].as_str().unwrap_or("").to_string())
+        .collect();
+    for r in ["UpgradeStarted", "UpgradeDrained", "DriverInstalled"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} not in {reasons:?}");
+    }
+    until("the roll gone from the status", || {
+        get_json(&c, &["gpudriver", "up"])["status"]["upgrade"]
+            .is_null()
+            .then_some(())
+    });
     drop(op);
 }

@@ -55,6 +55,18 @@ fn crd_and_job_template_match_the_rust_types() {
         read("deploy/job-template.yaml"),
         "deploy/job-template.yaml drifted: run `gpu-driver-operator job-template --gpudriver deploy/examples/gpudriver.yaml > deploy/job-template.yaml`"
     );
+    let build = operator(&[
+        "job-template",
+        "--kind",
+        "build",
+        "--gpudriver",
+        "deploy/examples/gpudriver.yaml",
+    ]);
+    assert_eq!(
+        build,
+        read("deploy/build-job-template.yaml"),
+        "deploy/build-job-template.yaml drifted: run `gpu-driver-operator job-template --kind build --gpudriver deploy/examples/gpudriver.yaml > deploy/build-job-template.yaml`"
+    );
 }
 
 fn documents(p: &str) -> Vec<serde_yaml::Value> {
@@ -171,7 +183,10 @@ fn manifests_parse_and_rbac_is_least_privilege() {
                         "jobs",
                         "events",
                         "leases",
-                        "gpudrivers/status"
+                        "gpudrivers/status",
+                        // Draining GPU pods for a driver upgrade: through
+                        // the Eviction API, so PodDisruptionBudgets hold.
+                        "pods/eviction"
                     ]
                     .contains(&r.as_str())),
                     "write {v} on {resources:?}"
@@ -303,6 +318,10 @@ fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
         // The package for another CPU is still digest-verified; the node
         // then refuses its modules (vermagic).
         "--arch",
+        // Only narrow what the node accepts: never write the cache, never
+        // compile.
+        "--cache-read-only",
+        "--no-compile",
     ]
     .map(String::from)
     .into();
@@ -316,6 +335,7 @@ fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
         "--apt-keyring",
         "--catalog",
         "--cache-url",
+        "--artifact-sha256",
     ] {
         assert!(denied.contains(f), "the policy must refuse {f}: {denied:?}");
     }

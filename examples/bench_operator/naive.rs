@@ -93,14 +93,7 @@ async fn poll_node(
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     let obj = job::build(
         &gd,
-        &JobRequest {
-            role: decide::JobRole::Install,
-            name: &job_name,
-            namespace: ns,
-            node: name,
-            image: &image,
-            key: &key,
-        },
+        &JobRequest::node_job(decide::JobRole::Install, &job_name, ns, name, &image, &key),
     );
     // No cache: it cannot know whether it made the Job already.
     metrics.write("create", "jobs");

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -20,8 +20,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::crd::GpuDriver;
-use super::decide::{self, JobRole, Marks, NodeFacts, Plan};
+use super::crd::{GpuDriver, TargetStatus};
+use super::decide::{
+    self, DrainStep, Gate, JobRole, Marks, NodeFacts, Plan, Target, TargetPhase, UpgradeState,
+};
 use super::job::{self, JobRequest};
 use super::keys;
 use super::metrics::Metrics;
@@ -62,7 +64,19 @@ struct Memo {
     fixed: HashMap<String, String>,
     /// Nodes waiting for a free parallel slot.
     waiting: HashSet<String>,
+    /// Nodes whose upgrade this process started (cordon patch sent), until
+    /// it finished: the caches may not show the patch yet.
+    upgrading: HashMap<String, Instant>,
+    /// Nodes waiting for an upgrade slot.
+    upgrade_waiting: HashSet<String>,
+    /// Nodes told that their install waits for a build or was refused, by
+    /// node and target key (one Event each).
+    gated: HashMap<String, String>,
 }
+
+/// Nodes waiting for a target's build Job, by target key: a build Job's
+/// change wakes them (it serves no node of its own).
+type Waiters = Arc<Mutex<HashMap<String, HashSet<String>>>>;
 
 pub struct Context {
     client: Client,
@@ -75,6 +89,10 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     memo: Mutex<Memo>,
     wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<Node>>,
+    /// Build targets by GpuDriver and target key; what `status.targets`
+    /// shows and where it is seeded from after a restart.
+    targets: Mutex<HashMap<(String, String), TargetStatus>>,
+    waiters: Waiters,
 }
 
 pub fn facts(node: &Node) -> NodeFacts {
@@ -244,6 +262,9 @@ pub fn ready_patch(
                 keys::FAILED_AT: null,
                 keys::FAILURE_REASON: null,
                 keys::FAILURE_MESSAGE: null,
+                keys::UPGRADE: null,
+                keys::UPGRADE_STARTED: null,
+                keys::UPGRADE_CORDONED: null,
             }
         }
     });
@@ -252,6 +273,15 @@ pub fn ready_patch(
         startup_taint: Some(false),
     };
     add_marks(gd, node, marks, &mut patch);
+    // An upgrade that cordoned the node uncordons it; one that found it
+    // cordoned by someone else leaves it so.
+    if f.annotations
+        .get(keys::UPGRADE_CORDONED)
+        .map(String::as_str)
+        == Some("true")
+    {
+        patch["spec"]["unschedulable"] = json!(false);
+    }
     patch
 }
 
@@ -357,7 +387,9 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
         }
         Plan::Detect { job } => {
             let image = gd.spec.installer_image.clone();
-            drive_job(&ctx, &gd, &node, JobRole::Detect, &job, &image, &f.boot_id).await
+            let ns = ctx.opts.namespace.clone();
+            let req = JobRequest::node_job(JobRole::Detect, &job, &ns, &f.name, &image, &f.boot_id);
+            drive_job(&ctx, &gd, &node, &req).await
         }
         Plan::Install {
             job, image, key, ..
@@ -366,7 +398,655 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
             // upgraded) gets label off and startup taint on before the Job,
             // so nothing new lands there until the install is verified.
             unready(&ctx, &gd, &node, Some("Pending")).await?;
-            drive_job(&ctx, &gd, &node, JobRole::Install, &job, &image, &key).await
+            // A running driver of an older policy: cordon and drain first,
+            // a few nodes at a time.
+            if decide::needs_upgrade(&f, &key)
+                && let Some(action) = upgrade(&ctx, &gd, &node, &key).await?
+            {
+                return Ok(action);
+            }
+            let ns = ctx.opts.namespace.clone();
+            let mut req = JobRequest::node_job(JobRole::Install, &job, &ns, &f.name, &image, &key);
+            let expect: String;
+            match gate(&ctx, &gd, &f).await? {
+                (
+                    Gate::Go {
+                        expect_sha256,
+                        compile,
+                    },
+                    _,
+                ) => {
+                    expect = expect_sha256.unwrap_or_default();
+                    req.expect_sha256 = Some(expect.as_str()).filter(|e| !e.is_empty());
+                    req.compile = compile;
+                }
+                (Gate::Wait, _) => return Ok(Action::requeue(Duration::from_secs(60))),
+                (Gate::Refuse { reason, message }, retry) => {
+                    refuse(&ctx, &node, &key, &reason, &message).await?;
+                    return Ok(Action::requeue(Duration::from_secs(retry.clamp(5, 600))));
+                }
+            }
+            drive_job(&ctx, &gd, &node, &req).await
+        }
+    }
+}
+
+/// The install gate for the node: its target's build (created here when
+/// due), or straight on without build Jobs. With the gate, the seconds
+/// until the target's next build attempt (for a refusal's requeue).
+async fn gate(ctx: &Context, gd: &GpuDriver, f: &NodeFacts) -> Result<(Gate, u64), Error> {
+    if !decide::builds_enabled(&gd.spec) {
+        return Ok((decide::install_gate(&gd.spec, None), 0));
+    }
+    let Some(target) = Target::of_node(f) else {
+        return Ok((decide::install_gate(&gd.spec, None), 60));
+    };
+    let key = decide::target_key(&gd.spec, &target);
+    let phase = ensure_target(ctx, gd, &target).await?;
+    let retry = match &phase {
+        TargetPhase::Failed { retry_in, .. } => *retry_in,
+        _ => 60,
+    };
+    let gate = decide::install_gate(&gd.spec, Some(&phase));
+    {
+        let mut w = ctx.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        if gate == Gate::Wait {
+            w.entry(key).or_default().insert(f.name.clone());
+        } else if let Some(set) = w.get_mut(&key) {
+            set.remove(&f.name);
+            if set.is_empty() {
+                w.remove(&key);
+            }
+        }
+    }
+    Ok((gate, retry))
+}
+
+/// No build can serve the node and compiling on it is forbidden: its state
+/// says why (once per key), with a Warning Event.
+async fn refuse(
+    ctx: &Context,
+    node: &Node,
+    key: &str,
+    reason: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let name = node.name_any();
+    if ctx.memo().gated.get(&name).map(String::as_str) == Some(key) {
+        return Ok(());
+    }
+    let current = node.annotations().get(keys::STATE).map(String::as_str);
+    if current != Some("BuildFailed") {
+        ctx.event(
+            node,
+            EventType::Warning,
+            "BuildFailed",
+            format!("{reason}: {message}"),
+        )
+        .await;
+        let patch = json!({"metadata": {"annotations": {
+            keys::STATE: "BuildFailed",
+            keys::FAILURE_REASON: reason,
+            keys::FAILURE_MESSAGE: truncate(&crate::redact::text(message), 1024),
+        }}});
+        ctx.patch_node(&name, &patch).await?;
+    }
+    ctx.memo().gated.insert(name, key.to_string());
+    Ok(())
+}
+
+// ------------------------------------------------------------ build targets
+
+impl Context {
+    /// The target's record: this process's, else the GpuDriver's status
+    /// (after a restart), else a new one.
+    fn target_record(&self, gd: &GpuDriver, key: &str, t: &Target) -> TargetStatus {
+        let id = (gd.name_any(), key.to_string());
+        if let Some(r) = self
+            .targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+        {
+            return r.clone();
+        }
+        gd.status
+            .as_ref()
+            .and_then(|s| s.targets.iter().find(|r| r.key == key))
+            .cloned()
+            .unwrap_or_else(|| TargetStatus {
+                key: key.to_string(),
+                os_image: t.os_image.clone(),
+                kernel_release: t.kernel.clone(),
+                arch: t.arch.clone(),
+                phase: "Pending".into(),
+                ..Default::default()
+            })
+    }
+
+    fn save_target(&self, gd: &GpuDriver, rec: TargetStatus) {
+        self.targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((gd.name_any(), rec.key.clone()), rec);
+    }
+
+    async fn gd_event(&self, gd: &GpuDriver, type_: EventType, reason: &str, note: String) {
+        self.metrics.write("create", "events");
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(&note, 1000)),
+            action: "BuildDriver".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &gd.object_ref(&())).await {
+            tracing::warn!("event {reason} for GpuDriver {}: {e}", gd.name_any());
+        }
+    }
+}
+
+/// Where the target's artifact stands; creates its build Job when none
+/// runs and none is due to wait. One build per target cluster-wide: the
+/// Job's name is the target's key and attempt, so a second create (another
+/// reconcile, a restarted operator) answers AlreadyExists.
+async fn ensure_target(
+    ctx: &Context,
+    gd: &GpuDriver,
+    target: &Target,
+) -> Result<TargetPhase, Error> {
+    let key = decide::target_key(&gd.spec, target);
+    let mut rec = ctx.target_record(gd, &key, target);
+    let now = Timestamp::now();
+    if rec.phase == "Cached"
+        && let Some(sha) = &rec.artifact_sha256
+    {
+        return Ok(TargetPhase::Cached {
+            sha256: sha.clone(),
+        });
+    }
+    if rec.phase == "Failed" {
+        let wait = decide::backoff_seconds(
+            rec.failures,
+            gd.spec.job.retry_base_seconds,
+            gd.spec.job.retry_max_seconds,
+        );
+        let at = rec
+            .failed_at
+            .as_deref()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .map_or(0, |t| t.as_second());
+        let left = (at.saturating_add(wait as i64) - now.as_second()).max(0) as u64;
+        if left > 0 {
+            return Ok(TargetPhase::Failed {
+                reason: rec.reason.clone().unwrap_or_default(),
+                message: rec.message.clone().unwrap_or_default(),
+                retry_in: left,
+            });
+        }
+    }
+    let name = decide::build_job_name(target, &key, rec.failures);
+    let Some(job) = ctx.jobs.get(&ctx.job_ref(&name)) else {
+        if !ctx.memo().created.contains_key(&name) {
+            let Some(image) = decide::builder_image(&gd.spec.builder_images, &target.facts())
+            else {
+                rec.phase = "Failed".into();
+                rec.reason = Some("NoBuilderImage".into());
+                rec.message = Some(format!(
+                    "no builder image matches OS {:?}, kernel {}",
+                    target.os_image, target.kernel
+                ));
+                rec.failed_at = Some(now.to_string());
+                ctx.save_target(gd, rec.clone());
+                return Ok(TargetPhase::Failed {
+                    reason: "NoBuilderImage".into(),
+                    message: rec.message.unwrap_or_default(),
+                    retry_in: gd.spec.job.retry_max_seconds,
+                });
+            };
+            let obj = job::build(
+                gd,
+                &JobRequest::build(&name, &ctx.opts.namespace, &image, &key, target),
+            );
+            create_job(ctx, &obj, &name, JobRole::Build).await?;
+            tracing::info!(
+                "target {} {} {}: created build Job {name}",
+                target.os_image,
+                target.kernel,
+                target.arch
+            );
+        }
+        rec.phase = "Building".into();
+        rec.job = Some(name);
+        ctx.save_target(gd, rec);
+        return Ok(TargetPhase::Building);
+    };
+    let pods = ctx.pods_of(&name);
+    let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+    let (result, failure) = match outcome::job_state(&job, &pod_refs, now.as_second()) {
+        JobState::Running => {
+            if rec.phase != "Building" {
+                rec.phase = "Building".into();
+                rec.job = Some(name);
+                ctx.save_target(gd, rec);
+            }
+            return Ok(TargetPhase::Building);
+        }
+        JobState::Succeeded(result) => (result, None),
+        JobState::Failed {
+            result,
+            job_reason,
+            job_message,
+        } => (result, Some(format!("{job_reason}: {job_message}"))),
+    };
+    rec.job = Some(name.clone());
+    if failure.is_none()
+        && let Some(r) = result.as_ref().filter(|r| r.phase == Phase::Succeeded)
+        && let Some(b) = &r.built
+    {
+        rec.phase = "Cached".into();
+        rec.artifact_sha256 = Some(b.artifact_sha256.clone());
+        rec.driver_version = b.driver_version.clone();
+        rec.reason = None;
+        rec.message = None;
+        let sha = b.artifact_sha256.clone();
+        ctx.save_target(gd, rec);
+        if ctx
+            .memo()
+            .handled
+            .insert(name.clone(), Instant::now())
+            .is_none()
+        {
+            ctx.metrics
+                .inc("gpu_driver_builds_total", &[("result", "succeeded")]);
+            ctx.gd_event(
+                gd,
+                EventType::Normal,
+                "ArtifactBuilt",
+                format!(
+                    "Job {name} stored the driver for {} {} {} (sha256 {sha})",
+                    target.os_image, target.kernel, target.arch
+                ),
+            )
+            .await;
+        }
+        return Ok(TargetPhase::Cached { sha256: sha });
+    }
+    let (reason, message) = match (&result, &failure) {
+        (Some(r), _) if r.phase == Phase::Failed => (r.reason.to_string(), r.message.clone()),
+        (_, Some(why)) => ("JobFailed".to_string(), why.clone()),
+        _ => (
+            "NoResult".to_string(),
+            "the build Job's pod ended without a stored artifact in its result".to_string(),
+        ),
+    };
+    let message = crate::redact::text(&message).into_owned();
+    rec.phase = "Failed".into();
+    rec.failures += 1;
+    rec.failed_at = Some(now.to_string());
+    rec.reason = Some(reason.clone());
+    rec.message = Some(truncate(&message, 1024));
+    let wait = decide::backoff_seconds(
+        rec.failures,
+        gd.spec.job.retry_base_seconds,
+        gd.spec.job.retry_max_seconds,
+    );
+    ctx.save_target(gd, rec);
+    if ctx
+        .memo()
+        .handled
+        .insert(name.clone(), Instant::now())
+        .is_none()
+    {
+        ctx.metrics
+            .inc("gpu_driver_builds_total", &[("result", "failed")]);
+        ctx.gd_event(
+            gd,
+            EventType::Warning,
+            "BuildFailed",
+            format!(
+                "Job {name} for {} {}: {reason}: {message} (next build in {wait}s)",
+                target.os_image, target.kernel
+            ),
+        )
+        .await;
+    }
+    Ok(TargetPhase::Failed {
+        reason,
+        message,
+        retry_in: wait,
+    })
+}
+
+/// Every target the GpuDriver should have built: its prebuild list and
+/// the targets of its selected GPU nodes (the second node of a pool never
+/// waits), each with how many nodes run it.
+fn wanted_targets(gd: &GpuDriver, nodes: &[NodeFacts]) -> BTreeMap<Target, u32> {
+    let mut out: BTreeMap<Target, u32> = BTreeMap::new();
+    for t in gd.spec.prebuild.iter().filter_map(Target::of_prebuild) {
+        out.entry(t).or_default();
+    }
+    for n in nodes {
+        if decide::gpu_presence(&gd.spec, n) != decide::Gpu::Yes {
+            continue;
+        }
+        if let Some(t) = Target::of_node(n) {
+            *out.entry(t).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The build side of a status tick: ensures every wanted target's build
+/// and returns their records for `status.targets`.
+async fn build_targets(ctx: &Context, gd: &GpuDriver, nodes: &[NodeFacts]) -> Vec<TargetStatus> {
+    if !decide::builds_enabled(&gd.spec) {
+        return Vec::new();
+    }
+    let wanted = wanted_targets(gd, nodes);
+    let mut out = Vec::new();
+    for (t, count) in &wanted {
+        if let Err(e) = ensure_target(ctx, gd, t).await {
+            tracing::warn!("target {} {}: {e}", t.os_image, t.kernel);
+        }
+        let key = decide::target_key(&gd.spec, t);
+        let mut rec = ctx.target_record(gd, &key, t);
+        rec.nodes = *count;
+        out.push(rec);
+    }
+    // Targets nobody wants any more (an old driver policy, a kernel no node
+    // runs) are forgotten.
+    let keys: HashSet<String> = out.iter().map(|r| r.key.clone()).collect();
+    let owner = gd.name_any();
+    ctx.targets
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(g, k), _| g != &owner || keys.contains(k));
+    out.sort_by(|a, b| {
+        (&a.os_image, &a.kernel_release, &a.arch).cmp(&(&b.os_image, &b.kernel_release, &b.arch))
+    });
+    out
+}
+
+// ------------------------------------------------------------ rolling upgrades
+
+/// The pods on `node` that use an NVIDIA device plugin resource and have
+/// not ended.
+async fn gpu_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>, Error> {
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let list = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(|e| Error::Kube(format!("listing the pods on node {node}"), e))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .filter(uses_gpu)
+        .collect())
+}
+
+/// Does any container of the pod request or limit an `nvidia.com/*`
+/// resource?
+pub fn uses_gpu(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .any(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flat_map(|m| m.keys())
+                .any(|k| decide::is_gpu_resource(k))
+        })
+}
+
+impl Context {
+    /// The roll of `gd`'s nodes: (maxUnavailable as a count, nodes in
+    /// progress, the node it stopped at).
+    fn roll(&self, gd: &GpuDriver) -> (u32, HashSet<String>, Option<String>) {
+        let drivers = self.drivers.state();
+        let owner = gd.name_any();
+        let mut gpu_nodes = 0u32;
+        let mut busy = HashSet::new();
+        let mut stopped = None;
+        for n in self.nodes.state().iter() {
+            let f = facts(n);
+            if driver_for(&drivers, &f).is_none_or(|d| d.name_any() != owner) {
+                continue;
+            }
+            if decide::gpu_presence(&gd.spec, &f) == decide::Gpu::Yes {
+                gpu_nodes += 1;
+            }
+            let st = UpgradeState::of(&f);
+            if st.in_progress() {
+                busy.insert(f.name.clone());
+            }
+            if st == UpgradeState::Failed && stopped.is_none() {
+                stopped = Some(f.name.clone());
+            }
+        }
+        let max = decide::max_unavailable(&gd.spec.upgrade_policy.max_unavailable, gpu_nodes);
+        (max, busy, stopped)
+    }
+
+    /// Takes an upgrade slot for `node` if one is free and the roll is not
+    /// stopped; the count and the reservation are one step under the memo
+    /// lock, so that concurrent reconciles never overshoot.
+    fn reserve_upgrade(&self, gd: &GpuDriver, node: &str) -> bool {
+        let (max, mut busy, stopped) = self.roll(gd);
+        let mut memo = self.memo();
+        if memo.upgrading.contains_key(node) || busy.contains(node) {
+            return true;
+        }
+        // Started by us, not in the cache yet (or finished and forgotten).
+        memo.upgrading
+            .retain(|n, at| busy.contains(n) || at.elapsed() < Duration::from_secs(60));
+        busy.extend(memo.upgrading.keys().cloned());
+        if stopped.is_some() || busy.len() as u32 >= max {
+            memo.upgrade_waiting.insert(node.to_string());
+            return false;
+        }
+        memo.upgrade_waiting.remove(node);
+        memo.upgrading.insert(node.to_string(), Instant::now());
+        true
+    }
+
+    /// An upgrade ended (installed, or the node left): wake nodes waiting
+    /// for a slot.
+    fn upgrade_done(&self, node: &str) {
+        let mut memo = self.memo();
+        memo.upgrading.remove(node);
+        let picked: Vec<String> = memo.upgrade_waiting.iter().cloned().collect();
+        for name in picked {
+            memo.upgrade_waiting.remove(&name);
+            let _ = self.wake.send(ObjectRef::new(&name));
+        }
+    }
+}
+
+/// One step of a node's driver upgrade. `None`: drained, go install;
+/// `Some(action)`: not yet (no slot, still draining, failed).
+async fn upgrade(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    key: &str,
+) -> Result<Option<Action>, Error> {
+    let f = facts(node);
+    let name = f.name.clone();
+    let policy = &gd.spec.upgrade_policy;
+    let now = Timestamp::now();
+    let state = UpgradeState::of(&f);
+    if state == UpgradeState::Installing {
+        return Ok(None);
+    }
+    if state == UpgradeState::Idle {
+        if !ctx.reserve_upgrade(gd, &name) {
+            return Ok(Some(Action::requeue(Duration::from_secs(30))));
+        }
+        let pods = gpu_pods(ctx, &name).await?;
+        let cordon = !node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        let next = if pods.is_empty() {
+            UpgradeState::Installing
+        } else {
+            UpgradeState::Draining
+        };
+        let mut patch = json!({"metadata": {"annotations": {
+            keys::UPGRADE: next.as_str(),
+            keys::UPGRADE_STARTED: now.to_string(),
+            keys::UPGRADE_CORDONED: cordon.to_string(),
+        }}});
+        if cordon {
+            patch["spec"] = json!({"unschedulable": true});
+        }
+        ctx.patch_node(&name, &patch).await?;
+        let from = f
+            .annotations
+            .get(keys::DRIVER_VERSION)
+            .cloned()
+            .unwrap_or_else(|| "unknown".into());
+        let to = gd
+            .spec
+            .driver
+            .version
+            .clone()
+            .unwrap_or_else(|| "the catalog's".into());
+        ctx.event(
+            node,
+            EventType::Normal,
+            "UpgradeStarted",
+            format!(
+                "driver {from} → {to} ({}): {}; {} GPU pod(s) to drain",
+                gd.spec.driver.flavor.as_str(),
+                if cordon {
+                    "cordoned"
+                } else {
+                    "already cordoned by someone else, left so"
+                },
+                pods.len()
+            ),
+        )
+        .await;
+        ctx.metrics
+            .inc("gpu_driver_upgrades_total", &[("step", "started")]);
+        return Ok(match next {
+            UpgradeState::Installing => None,
+            _ => Some(Action::requeue(Duration::from_secs(1))),
+        });
+    }
+    // Draining, or Failed with its backoff over (plan() held it back
+    // until then): drain (again).
+    let pods = gpu_pods(ctx, &name).await?;
+    let started = if state == UpgradeState::Failed {
+        None
+    } else {
+        decide::upgrade_started(&f)
+    };
+    match decide::drain_step(policy, pods.len(), started, now.as_second()) {
+        DrainStep::Install => {
+            let patch = json!({"metadata": {"annotations": {keys::UPGRADE: "Installing"}}});
+            ctx.patch_node(&name, &patch).await?;
+            ctx.event(
+                node,
+                EventType::Normal,
+                "UpgradeDrained",
+                "no GPU pod left on the node: installing".into(),
+            )
+            .await;
+            Ok(None)
+        }
+        DrainStep::Drain => {
+            if state == UpgradeState::Failed {
+                // A retry after the backoff: the drain's clock starts anew.
+                let patch = json!({"metadata": {"annotations": {
+                    keys::UPGRADE: "Draining", keys::UPGRADE_STARTED: now.to_string()}}});
+                ctx.patch_node(&name, &patch).await?;
+                ctx.event(
+                    node,
+                    EventType::Normal,
+                    "UpgradeRetry",
+                    format!("draining {} GPU pod(s) again", pods.len()),
+                )
+                .await;
+            }
+            if policy.evict {
+                evict(ctx, &name, &pods).await;
+            }
+            Ok(Some(Action::requeue(Duration::from_secs(2))))
+        }
+        DrainStep::TimedOut => {
+            let names: Vec<String> = pods
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                .collect();
+            let message = format!(
+                "GPU pods still on the node after {}s{}: {}",
+                policy.drain_timeout_seconds,
+                if policy.evict {
+                    " (evictions refused, e.g. by a PodDisruptionBudget)"
+                } else {
+                    " (upgradePolicy.evict is false: waiting for them to end)"
+                },
+                names.join(", ")
+            );
+            let attempts = decide::failures(&f, key) + 1;
+            let mut patch = failure_patch(key, attempts, "DrainTimeout", &message, now);
+            patch["metadata"]["annotations"][keys::UPGRADE] = json!("Failed");
+            ctx.patch_node(&name, &patch).await?;
+            ctx.event(
+                node,
+                EventType::Warning,
+                "UpgradeFailed",
+                format!("DrainTimeout: {message}; the roll stops here"),
+            )
+            .await;
+            ctx.metrics
+                .inc("gpu_driver_upgrades_total", &[("step", "failed")]);
+            let wait = decide::backoff_seconds(
+                attempts,
+                gd.spec.job.retry_base_seconds,
+                gd.spec.job.retry_max_seconds,
+            );
+            Ok(Some(Action::requeue(Duration::from_secs(wait.max(1)))))
+        }
+    }
+}
+
+/// Evicts each pod through the Eviction API, so that PodDisruptionBudgets
+/// decide; a refusal (429) is left for the next look.
+async fn evict(ctx: &Context, node: &str, pods: &[Pod]) {
+    for p in pods {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let ns = p.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        ctx.metrics.write("create", "pods/eviction");
+        match api.evict(&p.name_any(), &EvictParams::default()).await {
+            Ok(_) => tracing::info!("node {node}: evicted {ns}/{}", p.name_any()),
+            Err(kube::Error::Api(e)) if e.code == 429 => {
+                tracing::info!(
+                    "node {node}: eviction of {ns}/{} refused for now: {}",
+                    p.name_any(),
+                    e.message
+                );
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => tracing::warn!("node {node}: evicting {ns}/{}: {e}", p.name_any()),
         }
     }
 }
@@ -410,15 +1090,30 @@ async fn unready(
     Ok(())
 }
 
+/// Creates a Job, counting the write; AlreadyExists is success (made by
+/// an earlier incarnation of this operator: same name, same desired state).
+async fn create_job(ctx: &Context, obj: &Job, name: &str, role: JobRole) -> Result<(), Error> {
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.opts.namespace);
+    ctx.metrics.write("create", "jobs");
+    match api.create(&PostParams::default(), obj).await {
+        Ok(_) => {
+            ctx.metrics
+                .inc("gpu_driver_jobs_created_total", &[("role", role.as_str())]);
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(Error::Kube(format!("creating Job {name}"), e)),
+    }
+    ctx.memo().created.insert(name.to_string(), Instant::now());
+    Ok(())
+}
+
 async fn drive_job(
     ctx: &Context,
     gd: &GpuDriver,
     node: &Node,
-    role: JobRole,
-    name: &str,
-    image: &str,
-    key: &str,
+    req: &JobRequest<'_>,
 ) -> Result<Action, Error> {
+    let (role, name, key) = (req.role, req.name, req.key);
     if ctx.memo().handled.contains_key(name) {
         // Our node patch for this Job is on its way through the watch.
         return Ok(Action::await_change());
@@ -434,31 +1129,9 @@ async fn drive_job(
             // Woken when a slot frees up; the requeue is a safety net.
             return Ok(Action::requeue(Duration::from_secs(30)));
         }
-        let obj = job::build(
-            gd,
-            &JobRequest {
-                role,
-                name,
-                namespace: &ctx.opts.namespace,
-                node: &node_name,
-                image,
-                key,
-            },
-        );
-        let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.opts.namespace);
-        ctx.metrics.write("create", "jobs");
-        match api.create(&PostParams::default(), &obj).await {
-            Ok(_) => {
-                ctx.metrics
-                    .inc("gpu_driver_jobs_created_total", &[("role", role.as_str())]);
-                tracing::info!("node {node_name}: created {} Job {name}", role.as_str());
-            }
-            // Made by an earlier incarnation of this operator: same name,
-            // same desired state.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(Error::Kube(format!("creating Job {name}"), e)),
-        }
-        ctx.memo().created.insert(name.to_string(), Instant::now());
+        let obj = job::build(gd, req);
+        create_job(ctx, &obj, name, role).await?;
+        tracing::info!("node {node_name}: created {} Job {name}", role.as_str());
         return Ok(Action::await_change());
     };
     let pods = ctx.pods_of(name);
@@ -562,11 +1235,24 @@ async fn handle_finished(
         format!("Job {name}: {reason}: {message} (attempt {attempts}, next in {wait}s)"),
     )
     .await;
-    ctx.patch_node(
-        &node_name,
-        &failure_patch(key, attempts, &reason, &message, now),
-    )
-    .await?;
+    let mut patch = failure_patch(key, attempts, &reason, &message, now);
+    let upgrading = UpgradeState::of(&f) == UpgradeState::Installing;
+    if upgrading && role == JobRole::Install {
+        // The roll stops at this node; it stays cordoned and is retried
+        // with the usual backoff.
+        patch["metadata"]["annotations"][keys::UPGRADE] = json!("Failed");
+    }
+    ctx.patch_node(&node_name, &patch).await?;
+    if upgrading && role == JobRole::Install {
+        ctx.event(
+            node,
+            EventType::Warning,
+            "UpgradeFailed",
+            format!("{reason}: {message}; the roll stops here"),
+        )
+        .await;
+        m.inc("gpu_driver_upgrades_total", &[("step", "failed")]);
+    }
     ctx.memo().handled.insert(name, Instant::now());
     m.inc("gpu_driver_installs_total", &[("result", "failed")]);
     m.inc("gpu_driver_install_failures_total", &[("reason", &reason)]);
@@ -591,6 +1277,11 @@ async fn mark_installed(
     ctx.patch_node(&node_name, &ready_patch(gd, node, key, &name, r, now))
         .await?;
     ctx.memo().handled.insert(name.clone(), Instant::now());
+    ctx.memo().gated.remove(&node_name);
+    if facts(node).annotations.contains_key(keys::UPGRADE) {
+        m.inc("gpu_driver_upgrades_total", &[("step", "done")]);
+        ctx.upgrade_done(&node_name);
+    }
     m.inc("gpu_driver_installs_total", &[("result", "succeeded")]);
     m.inc(
         "gpu_driver_cache_total",
@@ -624,13 +1315,24 @@ fn error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Which node a Job or pod belongs to (our annotation).
-fn node_of<K: Resource>(obj: &K) -> Option<ObjectRef<Node>> {
-    obj.meta()
-        .annotations
-        .as_ref()?
-        .get(keys::NODE)
-        .map(|n| ObjectRef::new(n))
+/// Which nodes a Job or pod concerns: its node (our annotation), or for a
+/// build Job the nodes waiting for its target.
+fn nodes_of<K: Resource>(obj: &K, waiters: &Waiters) -> Vec<ObjectRef<Node>> {
+    let Some(a) = obj.meta().annotations.as_ref() else {
+        return Vec::new();
+    };
+    if let Some(n) = a.get(keys::NODE) {
+        return vec![ObjectRef::new(n)];
+    }
+    let Some(t) = a.get(keys::TARGET) else {
+        return Vec::new();
+    };
+    waiters
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(t)
+        .map(|ns| ns.iter().map(|n| ObjectRef::new(n)).collect())
+        .unwrap_or_default()
 }
 
 /// Only what the decisions read: labels, annotations, taints and the node
@@ -718,13 +1420,17 @@ pub async fn run(
         metrics,
         memo: Mutex::new(Memo::default()),
         wake,
+        targets: Mutex::new(HashMap::new()),
+        waiters: Waiters::default(),
     });
+    let job_waiters = ctx.waiters.clone();
+    let pod_waiters = ctx.waiters.clone();
 
     let all_nodes = nodes_reader.clone();
     let controller = Controller::for_stream(node_stream, nodes_reader)
         .with_config(ControllerConfig::default().concurrency(64))
-        .watches_stream(job_stream, |j| node_of(&j))
-        .watches_stream(pod_stream, |p| node_of(&p))
+        .watches_stream(job_stream, move |j| nodes_of(&j, &job_waiters))
+        .watches_stream(pod_stream, move |p| nodes_of(&p, &pod_waiters))
         .watches_stream(driver_stream, move |gd: GpuDriver| {
             // A changed GpuDriver concerns every node it selects.
             all_nodes
@@ -743,6 +1449,25 @@ pub async fn run(
         .for_each(|_| futures::future::ready(()))
         .await;
     status_task.abort();
+}
+
+/// The merge patch that makes the status `st`: a field the new status
+/// leaves out (an upgrade that ended, targets no longer wanted) is null,
+/// else the merge would keep the old value.
+fn status_patch(
+    st: &super::crd::GpuDriverStatus,
+    previous: Option<&super::crd::GpuDriverStatus>,
+) -> Value {
+    let mut body = serde_json::to_value(st).unwrap_or_default();
+    let prev = previous.and_then(|p| serde_json::to_value(p).ok());
+    if let (Some(obj), Some(Value::Object(prev))) = (body.as_object_mut(), prev) {
+        for k in prev.keys() {
+            if !obj.contains_key(k) {
+                obj.insert(k.clone(), Value::Null);
+            }
+        }
+    }
+    json!({ "status": body })
 }
 
 fn tokio_stream_from<T: Send + 'static>(
@@ -783,18 +1508,18 @@ async fn status_loop(ctx: Arc<Context>) {
                 previous,
                 Timestamp::now(),
             );
+            let mut st = st;
+            st.targets = build_targets(&ctx, gd, &mine).await;
+            st.upgrade = status::upgrade(&gd.spec, &mine);
             status::merge_phases(&mut phases, &st.phases);
             if gd.status.as_ref() == Some(&st) || written.get(&gd.name_any()) == Some(&st) {
                 continue;
             }
             let api: Api<GpuDriver> = Api::all(ctx.client.clone());
             ctx.metrics.write("patch", "gpudrivers/status");
+            let body = status_patch(&st, written.get(&gd.name_any()).or(gd.status.as_ref()));
             match api
-                .patch_status(
-                    &gd.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "status": st })),
-                )
+                .patch_status(&gd.name_any(), &PatchParams::default(), &Patch::Merge(body))
                 .await
             {
                 Ok(_) => {
@@ -873,6 +1598,25 @@ mod tests {
         ready_label: Some(false),
         startup_taint: Some(true),
     };
+
+    #[test]
+    fn a_status_field_that_went_away_is_nulled_in_the_patch() {
+        use crate::operator::crd::{GpuDriverStatus, UpgradeStatus};
+        let before = GpuDriverStatus {
+            upgrade: Some(UpgradeStatus {
+                max_unavailable: 1,
+                pending_nodes: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let after = GpuDriverStatus::default();
+        let patch = status_patch(&after, Some(&before));
+        assert_eq!(patch["status"]["upgrade"], Value::Null);
+        assert!(patch["status"].as_object().unwrap().contains_key("upgrade"));
+        let patch = status_patch(&after, None);
+        assert!(!patch["status"].as_object().unwrap().contains_key("upgrade"));
+    }
 
     #[test]
     fn a_failure_message_reaches_the_node_without_credentials() {

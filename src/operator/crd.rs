@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{LocalObjectReference, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -70,6 +71,18 @@ pub struct GpuDriverSpec {
     /// Extra arguments for `gpu-driver-installer run` (e.g. `--peermem`).
     #[serde(default)]
     pub extra_args: Vec<String>,
+    /// Build Jobs: where they run and whether a node may still compile
+    /// for itself.
+    #[serde(default)]
+    pub build: BuildPolicy,
+    /// Targets to build before any node runs them (a worker pool's next
+    /// Garden Linux version): (OS version, kernel release, arch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prebuild: Vec<PrebuildTarget>,
+    /// How a new driver version or flavor reaches nodes that already run
+    /// one: a few nodes at a time, drained of GPU pods first.
+    #[serde(default)]
+    pub upgrade_policy: UpgradePolicy,
     /// Extra annotations on the Job pods (e.g. for a service mesh or cost
     /// accounting; the tests use it to tell the simulated kubelet how a pod
     /// ends).
@@ -161,19 +174,109 @@ pub struct BuilderImage {
     pub image: String,
 }
 
+/// With a cache, compiling happens in build Jobs: unprivileged, without
+/// host access, and the only pods that get the store's write credentials.
+/// Install Jobs read the cache (read-only credentials) and check the
+/// artifact's sha256 against what the build Job reported.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CacheSpec {
     /// `s3://bucket/prefix`, `gs://…`, `az://…` or `file:///dir`; passed
     /// to the installer as `--cache-url`.
     pub url: String,
-    /// A Secret in the operator's namespace whose keys become the Job's
-    /// environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, …).
+    /// A Secret in the operator's namespace with **read-only** credentials
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, …): the install Jobs'
+    /// environment. Install Jobs never write the store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_name: Option<String>,
+    /// A Secret in the operator's namespace with credentials that may
+    /// write the store: only build Jobs get it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_secret_name: Option<String>,
     /// Allow a plain-http endpoint (trusted networks only).
     #[serde(default)]
     pub allow_http: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildPolicy {
+    /// When no build Job could store a node's artifact (or there is no
+    /// cache): may the install Job compile on the node itself? `false`:
+    /// install Jobs only load what a build Job stored (`--no-compile`).
+    #[serde(default = "yes")]
+    pub compile_on_node: bool,
+    /// Labels a node must carry to run build Jobs (besides
+    /// `kubernetes.io/arch`, which always matches the target's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+}
+
+impl Default for BuildPolicy {
+    fn default() -> Self {
+        BuildPolicy {
+            compile_on_node: true,
+            node_selector: BTreeMap::new(),
+        }
+    }
+}
+
+/// A kernel to build for before any node runs it. Give the Garden Linux
+/// version or the Debian version (it picks the builder image and the
+/// headers' apt repository) and the kernel release.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrebuildTarget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub garden_linux_version: Option<String>,
+    /// Debian major version (`12`, `13`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debian_version: Option<String>,
+    pub kernel_release: String,
+    /// `amd64` or `arm64`.
+    #[serde(default = "default_arch")]
+    pub arch: String,
+}
+
+fn default_arch() -> String {
+    "amd64".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePolicy {
+    /// At most this many GPU nodes upgrade at once: a number, or a
+    /// percentage of the GpuDriver's GPU nodes (`"10%"`, rounded down, at
+    /// least 1).
+    #[serde(default = "default_max_unavailable")]
+    pub max_unavailable: IntOrString,
+    /// Evict pods that use `nvidia.com/*` resources through the Eviction
+    /// API (PodDisruptionBudgets apply). `false`: only wait for them to end.
+    #[serde(default = "yes")]
+    pub evict: bool,
+    /// Longest wait for a node's GPU pods to go, in seconds (0: no limit).
+    /// Past it the node's upgrade fails with `DrainTimeout` and the roll
+    /// stops there.
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout_seconds: u64,
+}
+
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+fn default_drain_timeout() -> u64 {
+    600
+}
+
+impl Default for UpgradePolicy {
+    fn default() -> Self {
+        UpgradePolicy {
+            max_unavailable: default_max_unavailable(),
+            evict: true,
+            drain_timeout_seconds: default_drain_timeout(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -256,6 +359,68 @@ pub struct GpuDriverStatus {
     pub nodes_truncated: bool,
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// Every build target: prebuild targets and those of selected GPU
+    /// nodes, for the current driver policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetStatus>,
+    /// The rolling driver upgrade, when one is under way or stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeStatus>,
+}
+
+/// One build target and its artifact.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetStatus {
+    /// The target's key (OS, kernel, arch, driver policy, flavor).
+    pub key: String,
+    /// `Garden Linux 1877.3` or `Debian GNU/Linux 12`.
+    pub os_image: String,
+    pub kernel_release: String,
+    pub arch: String,
+    /// Pending, Building, Cached or Failed.
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// The stored artifact's sha256, from the build Job's result: install
+    /// Jobs refuse any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Failed build attempts (the next waits, doubling from
+    /// `job.retryBaseSeconds`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<String>,
+    /// Selected nodes that run this target now.
+    #[serde(default)]
+    pub nodes: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    /// The most nodes upgrading at once (maxUnavailable resolved).
+    pub max_unavailable: u32,
+    /// Nodes still on an older driver policy (waiting or upgrading).
+    pub pending_nodes: u32,
+    /// Nodes cordoned and draining or installing now.
+    pub in_progress: Vec<String>,
+    /// The node the roll stopped at, with why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -269,6 +434,10 @@ pub struct NodeSummary {
     pub driver_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The node's driver upgrade state: Waiting, Draining, Installing or
+    /// Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<String>,
 }
 
 /// The CRD as YAML, as committed in `deploy/crd.yaml`.

@@ -316,6 +316,8 @@ pub fn marks(spec: &GpuDriverSpec, node: &NodeFacts, installed: bool) -> Marks {
 pub enum JobRole {
     Install,
     Detect,
+    /// Compiles for a target and stores the artifact; no host access.
+    Build,
 }
 
 impl JobRole {
@@ -323,8 +325,287 @@ impl JobRole {
         match self {
             JobRole::Install => "install",
             JobRole::Detect => "detect",
+            JobRole::Build => "build",
         }
     }
+}
+
+// ------------------------------------------------------------ build targets
+
+/// What a build Job compiles for: the OS (it picks the builder image and
+/// the headers' repository), the kernel release and the architecture.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Target {
+    /// Normalized: `Garden Linux 1877.3` or `Debian GNU/Linux 12`.
+    pub os_image: String,
+    pub kernel: String,
+    /// Kubernetes' name: `amd64`, `arm64`.
+    pub arch: String,
+}
+
+impl Target {
+    fn new(os: &OsImage, kernel: &str, arch: &str) -> Option<Target> {
+        let os_image = match os {
+            OsImage::GardenLinux { version } => format!("Garden Linux {version}"),
+            OsImage::Debian { version } => format!("Debian GNU/Linux {version}"),
+            OsImage::Other(_) => return None,
+        };
+        let arch = if arch.is_empty() { "amd64" } else { arch };
+        (!kernel.is_empty()).then(|| Target {
+            os_image,
+            kernel: kernel.to_string(),
+            arch: arch.to_string(),
+        })
+    }
+
+    /// The node's target; `None` for an OS the installer has no build
+    /// recipe for, or a node that reports no kernel yet.
+    pub fn of_node(node: &NodeFacts) -> Option<Target> {
+        Target::new(&node.os(), &node.kernel, &node.arch)
+    }
+
+    /// A `spec.prebuild` entry's target; `None` when it names neither a
+    /// Garden Linux nor a Debian version.
+    pub fn of_prebuild(t: &super::crd::PrebuildTarget) -> Option<Target> {
+        let os = match (&t.garden_linux_version, &t.debian_version) {
+            (Some(v), _) if is_dotted_version(v) => OsImage::GardenLinux { version: v.clone() },
+            (None, Some(v)) if is_dotted_version(v) => OsImage::Debian {
+                version: v.split('.').next().unwrap_or(v).to_string(),
+            },
+            _ => return None,
+        };
+        Target::new(&os, &t.kernel_release, &t.arch)
+    }
+
+    /// The facts the builder image rules match on.
+    pub fn facts(&self) -> NodeFacts {
+        NodeFacts {
+            kernel: self.kernel.clone(),
+            os_image: self.os_image.clone(),
+            arch: self.arch.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// The installer's `--os-id` and `--os-version`.
+    pub fn os_release(&self) -> (&'static str, String) {
+        match OsImage::parse(&self.os_image) {
+            OsImage::GardenLinux { version } => ("gardenlinux", version),
+            OsImage::Debian { version } => ("debian", version),
+            OsImage::Other(o) => ("unknown", o),
+        }
+    }
+}
+
+/// Build Jobs run when the GpuDriver has a cache to store into.
+pub fn builds_enabled(spec: &GpuDriverSpec) -> bool {
+    spec.cache.is_some()
+}
+
+/// The target's key under the current driver policy: a new driver version
+/// or flavor is a new target.
+pub fn target_key(spec: &GpuDriverSpec, t: &Target) -> String {
+    short_hash(&[
+        &t.os_image,
+        &t.kernel,
+        &t.arch,
+        spec.driver.version.as_deref().unwrap_or("auto"),
+        spec.driver.flavor.as_str(),
+    ])
+}
+
+/// The build Job's name: one per target and attempt, cluster-wide (a
+/// second operator or a restart finds the same name).
+pub fn build_job_name(t: &Target, key: &str, attempt: u32) -> String {
+    job_name(JobRole::Build, &t.kernel, key, attempt)
+}
+
+/// Where a target's artifact stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetPhase {
+    /// No build Job yet.
+    Pending,
+    Building,
+    /// In the store, with the sha256 the build Job reported.
+    Cached {
+        sha256: String,
+    },
+    /// The last build failed; the next one is due in `retry_in` seconds.
+    Failed {
+        reason: String,
+        message: String,
+        retry_in: u64,
+    },
+}
+
+impl TargetPhase {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TargetPhase::Pending => "Pending",
+            TargetPhase::Building => "Building",
+            TargetPhase::Cached { .. } => "Cached",
+            TargetPhase::Failed { .. } => "Failed",
+        }
+    }
+}
+
+/// May the node's install Job start, and how?
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Start it. `expect_sha256`: the artifact it must find in the cache;
+    /// `compile`: whether it may compile on a miss.
+    Go {
+        expect_sha256: Option<String>,
+        compile: bool,
+    },
+    /// The target's build Job has not finished.
+    Wait,
+    /// Nothing to install from, and compiling on the node is forbidden.
+    Refuse { reason: String, message: String },
+}
+
+/// The install gate for a node whose target is in `phase` (`None`: the
+/// node has no build target, e.g. an OS without a build recipe).
+pub fn install_gate(spec: &GpuDriverSpec, phase: Option<&TargetPhase>) -> Gate {
+    if !builds_enabled(spec) {
+        // No store to build into: the node compiles, as without build Jobs.
+        return Gate::Go {
+            expect_sha256: None,
+            compile: true,
+        };
+    }
+    let compile = spec.build.compile_on_node;
+    match phase {
+        Some(TargetPhase::Pending | TargetPhase::Building) => Gate::Wait,
+        Some(TargetPhase::Cached { sha256 }) => Gate::Go {
+            expect_sha256: Some(sha256.clone()),
+            compile,
+        },
+        Some(TargetPhase::Failed {
+            reason, message, ..
+        }) if !compile => Gate::Refuse {
+            reason: reason.clone(),
+            message: format!(
+                "the build Job failed ({message}) and compileOnNode is false; \
+                 the build is retried with backoff"
+            ),
+        },
+        None if !compile => Gate::Refuse {
+            reason: "NoBuildTarget".into(),
+            message: "no build Job can serve this node's OS (only Garden Linux and Debian \
+                      targets are built) and compileOnNode is false"
+                .into(),
+        },
+        Some(TargetPhase::Failed { .. }) | None => Gate::Go {
+            expect_sha256: None,
+            compile: true,
+        },
+    }
+}
+
+// ------------------------------------------------------------ rolling upgrades
+
+/// Does this node run a verified driver of an older policy (version or
+/// flavor)? Then it is upgraded in the roll (cordon, drain, install). A
+/// reboot, kernel or OS change has no loaded driver to protect: it
+/// reinstalls at once, as always.
+pub fn needs_upgrade(node: &NodeFacts, key: &str) -> bool {
+    node.annotation(keys::KEY).is_some_and(|k| k != key) && verified_driver_loaded(node)
+}
+
+/// The node's upgrade state (its annotation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpgradeState {
+    /// Not started (waiting for a slot, or no upgrade).
+    Idle,
+    Draining,
+    Installing,
+    Failed,
+}
+
+impl UpgradeState {
+    pub fn of(node: &NodeFacts) -> UpgradeState {
+        match node.annotation(keys::UPGRADE) {
+            Some("Draining") => UpgradeState::Draining,
+            Some("Installing") => UpgradeState::Installing,
+            Some("Failed") => UpgradeState::Failed,
+            _ => UpgradeState::Idle,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgradeState::Idle => "Waiting",
+            UpgradeState::Draining => "Draining",
+            UpgradeState::Installing => "Installing",
+            UpgradeState::Failed => "Failed",
+        }
+    }
+
+    /// Cordoned and counted against maxUnavailable.
+    pub fn in_progress(self) -> bool {
+        self != UpgradeState::Idle
+    }
+}
+
+/// `maxUnavailable` as a node count: a number, or a percentage of
+/// `gpu_nodes` rounded down; at least 1, so that a roll always moves.
+pub fn max_unavailable(
+    v: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString,
+    gpu_nodes: u32,
+) -> u32 {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let n = match v {
+        IntOrString::Int(i) => (*i).max(0) as u32,
+        IntOrString::String(s) => match s.trim().strip_suffix('%') {
+            Some(p) => p
+                .trim()
+                .parse::<u64>()
+                .map_or(0, |p| (u64::from(gpu_nodes) * p.min(100) / 100) as u32),
+            None => s.trim().parse().unwrap_or(0),
+        },
+    };
+    n.max(1)
+}
+
+/// Is `resource` one of NVIDIA's device plugin resources (a whole GPU or
+/// a MIG slice)? Pods that request one use the driver.
+pub fn is_gpu_resource(resource: &str) -> bool {
+    resource.starts_with("nvidia.com/")
+}
+
+/// What an upgrading node does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainStep {
+    /// No GPU pod left: install.
+    Install,
+    /// Evict (or wait for) the GPU pods and look again.
+    Drain,
+    /// The drain has taken longer than `drainTimeoutSeconds`.
+    TimedOut,
+}
+
+pub fn drain_step(
+    policy: &super::crd::UpgradePolicy,
+    gpu_pods: usize,
+    started_unix: Option<i64>,
+    now_unix: i64,
+) -> DrainStep {
+    if gpu_pods == 0 {
+        return DrainStep::Install;
+    }
+    let limit = policy.drain_timeout_seconds;
+    match started_unix {
+        Some(t) if limit > 0 && now_unix.saturating_sub(t) >= limit as i64 => DrainStep::TimedOut,
+        _ => DrainStep::Drain,
+    }
+}
+
+/// When the node's drain started (its annotation).
+pub fn upgrade_started(node: &NodeFacts) -> Option<i64> {
+    node.annotation(keys::UPGRADE_STARTED)
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map(|t| t.as_second())
 }
 
 /// Deterministic Job name: a crashed or restarted operator finds the Job
@@ -452,6 +733,9 @@ mod tests {
             job: Default::default(),
             extra_args: vec![],
             pod_annotations: BTreeMap::new(),
+            build: Default::default(),
+            prebuild: vec![],
+            upgrade_policy: Default::default(),
         }
     }
 
@@ -880,5 +1164,150 @@ mod tests {
             &[("a".into(), "b".into())].into(),
             &BTreeMap::new()
         ));
+    }
+
+    #[test]
+    fn targets_come_from_nodes_and_prebuild_entries_alike() {
+        let node = gl_node("Garden Linux 1877.3.1", "6.12.44-cloud-amd64");
+        let t = Target::of_node(&node).unwrap();
+        assert_eq!(t.os_image, "Garden Linux 1877.3.1");
+        assert_eq!(t.os_release(), ("gardenlinux", "1877.3.1".to_string()));
+        let p = Target::of_prebuild(&crate::operator::crd::PrebuildTarget {
+            garden_linux_version: Some("1877.3.1".into()),
+            debian_version: None,
+            kernel_release: "6.12.44-cloud-amd64".into(),
+            arch: "amd64".into(),
+        })
+        .unwrap();
+        assert_eq!(p, t, "a prebuild entry is the same target as the node");
+        let s = spec();
+        assert_eq!(target_key(&s, &t), target_key(&s, &p));
+        let deb = Target::of_node(&gl_node(
+            "Debian GNU/Linux 12 (bookworm)",
+            "6.1.0-50-cloud-amd64",
+        ))
+        .unwrap();
+        assert_eq!(deb.os_release(), ("debian", "12".to_string()));
+        assert!(Target::of_node(&gl_node("Ubuntu 24.04", "6.8.0")).is_none());
+        // A new driver policy is a new target key and a new build Job.
+        let mut s2 = spec();
+        s2.driver.version = Some("580.95.05".into());
+        assert_ne!(target_key(&s, &t), target_key(&s2, &t));
+        let name = build_job_name(&t, &target_key(&s, &t), 0);
+        assert!(name.starts_with("gpu-build-6-12-44-cloud-amd64-"), "{name}");
+        assert!(name.len() <= 63);
+    }
+
+    #[test]
+    fn install_waits_for_the_build_and_carries_its_digest() {
+        let mut s = spec();
+        // No cache: nothing to build into, the node compiles.
+        assert_eq!(
+            install_gate(&s, Some(&TargetPhase::Building)),
+            Gate::Go {
+                expect_sha256: None,
+                compile: true
+            }
+        );
+        s.cache = Some(crate::operator::crd::CacheSpec {
+            url: "s3://b/p".into(),
+            ..Default::default()
+        });
+        assert_eq!(install_gate(&s, Some(&TargetPhase::Pending)), Gate::Wait);
+        assert_eq!(install_gate(&s, Some(&TargetPhase::Building)), Gate::Wait);
+        let sha = "ab".repeat(32);
+        assert_eq!(
+            install_gate(
+                &s,
+                Some(&TargetPhase::Cached {
+                    sha256: sha.clone()
+                })
+            ),
+            Gate::Go {
+                expect_sha256: Some(sha.clone()),
+                compile: true
+            }
+        );
+        let failed = TargetPhase::Failed {
+            reason: "BuildFailed".into(),
+            message: "make: error".into(),
+            retry_in: 60,
+        };
+        // A failed build: the node compiles for itself if allowed ...
+        assert_eq!(
+            install_gate(&s, Some(&failed)),
+            Gate::Go {
+                expect_sha256: None,
+                compile: true
+            }
+        );
+        // ... and is refused with the build's reason if not.
+        s.build.compile_on_node = false;
+        assert!(matches!(
+            install_gate(&s, Some(&failed)),
+            Gate::Refuse { reason, .. } if reason == "BuildFailed"
+        ));
+        assert_eq!(
+            install_gate(
+                &s,
+                Some(&TargetPhase::Cached {
+                    sha256: sha.clone()
+                })
+            ),
+            Gate::Go {
+                expect_sha256: Some(sha),
+                compile: false
+            }
+        );
+        assert!(matches!(
+            install_gate(&s, None),
+            Gate::Refuse { reason, .. } if reason == "NoBuildTarget"
+        ));
+    }
+
+    #[test]
+    fn only_a_policy_change_on_a_loaded_driver_is_an_upgrade() {
+        let (s, mut n) = ready_node();
+        let key = desired_key(&s, &n);
+        assert!(!needs_upgrade(&n, &key), "installed for its key");
+        let mut s2 = s.clone();
+        s2.driver.version = Some("580.95.05".into());
+        assert!(needs_upgrade(&n, &desired_key(&s2, &n)));
+        // A reboot: the driver is gone, nothing to drain.
+        n.boot_id = "boot-2".into();
+        assert!(!needs_upgrade(&n, &desired_key(&s2, &n)));
+        // Never installed: a first install.
+        let fresh = gl_node("Garden Linux 1592.4", "6.6.63-cloud-amd64");
+        assert!(!needs_upgrade(&fresh, &desired_key(&s2, &fresh)));
+    }
+
+    #[test]
+    fn max_unavailable_counts_and_percentages() {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString as I;
+        assert_eq!(max_unavailable(&I::Int(3), 100), 3);
+        assert_eq!(max_unavailable(&I::Int(0), 100), 1);
+        assert_eq!(max_unavailable(&I::String("10%".into()), 100), 10);
+        assert_eq!(max_unavailable(&I::String("10%".into()), 19), 1);
+        assert_eq!(max_unavailable(&I::String("10%".into()), 5), 1);
+        assert_eq!(max_unavailable(&I::String("150%".into()), 8), 8);
+        assert_eq!(max_unavailable(&I::String("x".into()), 8), 1);
+        assert_eq!(max_unavailable(&I::String("4".into()), 8), 4);
+    }
+
+    #[test]
+    fn drains_end_by_emptiness_or_timeout() {
+        let mut p = crate::operator::crd::UpgradePolicy {
+            drain_timeout_seconds: 600,
+            ..Default::default()
+        };
+        assert_eq!(drain_step(&p, 0, Some(0), 10_000), DrainStep::Install);
+        assert_eq!(drain_step(&p, 2, Some(1000), 1599), DrainStep::Drain);
+        assert_eq!(drain_step(&p, 2, Some(1000), 1600), DrainStep::TimedOut);
+        assert_eq!(drain_step(&p, 2, None, 1_000_000), DrainStep::Drain);
+        p.drain_timeout_seconds = 0;
+        assert_eq!(drain_step(&p, 2, Some(0), 1_000_000), DrainStep::Drain);
+        assert!(is_gpu_resource("nvidia.com/gpu"));
+        assert!(is_gpu_resource("nvidia.com/mig-1g.10gb"));
+        assert!(!is_gpu_resource("cpu"));
     }
 }

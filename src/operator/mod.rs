@@ -55,10 +55,22 @@ pub mod keys {
     pub const FAILURE_REASON: &str = "gpu-driver.gardenlinux.io/failure-reason";
     pub const FAILURE_MESSAGE: &str = "gpu-driver.gardenlinux.io/failure-message";
 
+    /// A driver upgrade in progress on the node: Draining, Installing or
+    /// Failed (absent: none, or waiting for a slot).
+    pub const UPGRADE: &str = "gpu-driver.gardenlinux.io/upgrade";
+    /// When the node's upgrade started draining (RFC 3339).
+    pub const UPGRADE_STARTED: &str = "gpu-driver.gardenlinux.io/upgrade-started-at";
+    /// `true` when the operator cordoned the node for the upgrade (and so
+    /// uncordons it after); a node cordoned by someone else stays so.
+    pub const UPGRADE_CORDONED: &str = "gpu-driver.gardenlinux.io/upgrade-cordoned";
+
+    /// On build Jobs and their pods: the target key they build.
+    pub const TARGET: &str = "gpu-driver.gardenlinux.io/target";
+
     /// On Jobs and their pods: the node they serve (names can exceed a
     /// label value's 63 characters, so it is an annotation).
     pub const NODE: &str = "gpu-driver.gardenlinux.io/node";
-    /// On Jobs and pods: install or detect.
+    /// On Jobs and pods: install, detect or build.
     pub const ROLE_LABEL: &str = "gpu-driver.gardenlinux.io/role";
     pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
     pub const MANAGED_BY: &str = "gpu-driver-operator";

@@ -23,6 +23,30 @@ pub struct PodResult {
     pub installed: Option<Installed>,
     /// The cache outcome (`Hit`, `Miss`, …) when the installer reports one.
     pub cache: Option<String>,
+    /// A build Job's stored artifact (`prebuild`'s `status.built`).
+    pub built: Option<BuiltArtifact>,
+}
+
+/// What a build Job stored: the operator hands the digest to install Jobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltArtifact {
+    pub artifact_sha256: String,
+    pub driver_version: Option<String>,
+}
+
+/// `status.built`, read loosely (also from the compact copy, which keeps
+/// it); only a well-formed sha256 counts.
+fn built_of(value: &serde_json::Value) -> Option<BuiltArtifact> {
+    let b = value.pointer("/status/built")?;
+    let sha = b.get("artifactSha256")?.as_str()?;
+    let ok = sha.len() == 64 && sha.bytes().all(|c| c.is_ascii_hexdigit());
+    ok.then(|| BuiltArtifact {
+        artifact_sha256: sha.to_ascii_lowercase(),
+        driver_version: b
+            .get("driverVersion")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
+    })
 }
 
 /// The compact copy (`"truncated": true`) has only the outcome.
@@ -42,6 +66,7 @@ pub fn parse_message(message: &str) -> Option<PodResult> {
         .pointer("/status/cache/outcome")
         .and_then(|v| v.as_str())
         .map(str::to_string);
+    let built = built_of(&value);
     let truncated = value.get("truncated").and_then(|v| v.as_bool()) == Some(true);
     let kind = value.get("kind").cloned();
     if !truncated {
@@ -54,6 +79,7 @@ pub fn parse_message(message: &str) -> Option<PodResult> {
                     message: o.message,
                     installed: doc.status.installed,
                     cache,
+                    built,
                 });
             }
         } else if kind == Some(serde_json::json!("HostReport"))
@@ -66,17 +92,22 @@ pub fn parse_message(message: &str) -> Option<PodResult> {
                 message: o.message,
                 installed: None,
                 cache,
+                built,
             });
         }
     }
+    let installed = value
+        .pointer("/status/installed")
+        .and_then(|v| serde_json::from_value::<Installed>(v.clone()).ok());
     let c: Compact = serde_json::from_value(value).ok()?;
     let _ = c.kind;
     Some(PodResult {
         phase: c.status.phase,
         reason: c.status.reason,
         message: c.status.message,
-        installed: None,
+        installed,
         cache,
+        built,
     })
 }
 
@@ -214,6 +245,7 @@ mod tests {
                 host_root: "/proc/1/root".into(),
                 artifact: None,
                 driver_version: None,
+                target: None,
             },
             Some(Outcome::new(reason, "done")),
         )

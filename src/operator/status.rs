@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::crd::{GpuDriverSpec, GpuDriverStatus, NodeSummary};
+use super::crd::{GpuDriverSpec, GpuDriverStatus, NodeSummary, UpgradeStatus};
 use super::decide::{self, NodeFacts, Plan};
 use super::keys;
 
@@ -80,6 +80,7 @@ pub fn compute(
                         })
                     })
                     .flatten(),
+                upgrade: upgrade_state(spec, n).map(|u| u.as_str().to_string()),
             },
         ));
     }
@@ -133,6 +134,49 @@ pub fn compute(
         ),
     ];
     st
+}
+
+/// The node's place in a driver upgrade: `None` when it has none (not
+/// started and not needed).
+fn upgrade_state(spec: &GpuDriverSpec, n: &NodeFacts) -> Option<decide::UpgradeState> {
+    let st = decide::UpgradeState::of(n);
+    (st.in_progress() || decide::needs_upgrade(n, &decide::desired_key(spec, n))).then_some(st)
+}
+
+/// The roll over the GpuDriver's nodes; `None` when no node needs or
+/// undergoes an upgrade.
+pub fn upgrade(spec: &GpuDriverSpec, nodes: &[NodeFacts]) -> Option<UpgradeStatus> {
+    let gpu_nodes = nodes
+        .iter()
+        .filter(|n| decide::gpu_presence(spec, n) == decide::Gpu::Yes)
+        .count() as u32;
+    let mut st = UpgradeStatus {
+        max_unavailable: decide::max_unavailable(&spec.upgrade_policy.max_unavailable, gpu_nodes),
+        ..Default::default()
+    };
+    for n in nodes {
+        let Some(u) = upgrade_state(spec, n) else {
+            continue;
+        };
+        st.pending_nodes += 1;
+        if u.in_progress() {
+            st.in_progress.push(n.name.clone());
+        }
+        if u == decide::UpgradeState::Failed && st.stopped_at.is_none() {
+            st.stopped_at = Some(n.name.clone());
+            st.message = n.annotations.get(keys::FAILURE_REASON).map(|r| {
+                format!(
+                    "{r}: {}",
+                    n.annotations
+                        .get(keys::FAILURE_MESSAGE)
+                        .cloned()
+                        .unwrap_or_default()
+                )
+            });
+        }
+    }
+    st.in_progress.sort();
+    (st.pending_nodes > 0).then_some(st)
 }
 
 /// Counts by phase over all GpuDrivers, for the nodes gauge.
