@@ -262,9 +262,6 @@ pub fn ready_patch(
                 keys::FAILED_AT: null,
                 keys::FAILURE_REASON: null,
                 keys::FAILURE_MESSAGE: null,
-                keys::UPGRADE: null,
-                keys::UPGRADE_STARTED: null,
-                keys::UPGRADE_CORDONED: null,
             }
         }
     });
@@ -273,8 +270,18 @@ pub fn ready_patch(
         startup_taint: Some(false),
     };
     add_marks(gd, node, marks, &mut patch);
-    // An upgrade that cordoned the node uncordons it; one that found it
-    // cordoned by someone else leaves it so.
+    end_upgrade(&f, &mut patch);
+    patch
+}
+
+/// Clears the upgrade annotations; an upgrade that cordoned the node
+/// uncordons it, one that found it cordoned by someone else leaves it so.
+fn end_upgrade(f: &NodeFacts, patch: &mut Value) {
+    for k in [keys::UPGRADE, keys::UPGRADE_STARTED, keys::UPGRADE_CORDONED] {
+        if f.annotations.contains_key(k) {
+            patch["metadata"]["annotations"][k] = Value::Null;
+        }
+    }
     if f.annotations
         .get(keys::UPGRADE_CORDONED)
         .map(String::as_str)
@@ -282,7 +289,6 @@ pub fn ready_patch(
     {
         patch["spec"]["unschedulable"] = json!(false);
     }
-    patch
 }
 
 /// Adds the ready label's and the startup taint's changes to `patch`. The
@@ -355,11 +361,21 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
         Plan::NoGpu => Ok(Action::await_change()),
         Plan::Ready { marks } => {
             let key = decide::desired_key(&gd.spec, &f);
-            if !marks.is_empty() && ctx.memo().fixed.get(&f.name) != Some(&key) {
+            // An upgrade left half-way because the policy went back to what
+            // the node runs: nothing to install, so end it (uncordon if
+            // ours) in the same patch.
+            let stale_upgrade = f.annotations.contains_key(keys::UPGRADE);
+            if (stale_upgrade || !marks.is_empty()) && ctx.memo().fixed.get(&f.name) != Some(&key) {
                 let mut patch = json!({"metadata": {}});
                 add_marks(&gd, &node, marks, &mut patch);
+                if stale_upgrade {
+                    end_upgrade(&f, &mut patch);
+                }
                 ctx.patch_node(&f.name, &patch).await?;
                 ctx.memo().fixed.insert(f.name.clone(), key);
+                if stale_upgrade {
+                    ctx.upgrade_done(&f.name);
+                }
             }
             Ok(Action::await_change())
         }
@@ -558,68 +574,12 @@ async fn ensure_target(
     let key = decide::target_key(&gd.spec, target);
     let mut rec = ctx.target_record(gd, &key, target);
     let now = Timestamp::now();
-    if rec.phase == "Cached"
-        && let Some(sha) = &rec.artifact_sha256
-    {
-        return Ok(TargetPhase::Cached {
-            sha256: sha.clone(),
-        });
-    }
-    if rec.phase == "Failed" {
-        let wait = decide::backoff_seconds(
-            rec.failures,
-            gd.spec.job.retry_base_seconds,
-            gd.spec.job.retry_max_seconds,
-        );
-        let at = rec
-            .failed_at
-            .as_deref()
-            .and_then(|t| t.parse::<Timestamp>().ok())
-            .map_or(0, |t| t.as_second());
-        let left = (at.saturating_add(wait as i64) - now.as_second()).max(0) as u64;
-        if left > 0 {
-            return Ok(TargetPhase::Failed {
-                reason: rec.reason.clone().unwrap_or_default(),
-                message: rec.message.clone().unwrap_or_default(),
-                retry_in: left,
-            });
-        }
+    if let Some(phase) = settled(gd, &rec, now.as_second()) {
+        return Ok(phase);
     }
     let name = decide::build_job_name(target, &key, rec.failures);
     let Some(job) = ctx.jobs.get(&ctx.job_ref(&name)) else {
-        if !ctx.memo().created.contains_key(&name) {
-            let Some(image) = decide::builder_image(&gd.spec.builder_images, &target.facts())
-            else {
-                rec.phase = "Failed".into();
-                rec.reason = Some("NoBuilderImage".into());
-                rec.message = Some(format!(
-                    "no builder image matches OS {:?}, kernel {}",
-                    target.os_image, target.kernel
-                ));
-                rec.failed_at = Some(now.to_string());
-                ctx.save_target(gd, rec.clone());
-                return Ok(TargetPhase::Failed {
-                    reason: "NoBuilderImage".into(),
-                    message: rec.message.unwrap_or_default(),
-                    retry_in: gd.spec.job.retry_max_seconds,
-                });
-            };
-            let obj = job::build(
-                gd,
-                &JobRequest::build(&name, &ctx.opts.namespace, &image, &key, target),
-            );
-            create_job(ctx, &obj, &name, JobRole::Build).await?;
-            tracing::info!(
-                "target {} {} {}: created build Job {name}",
-                target.os_image,
-                target.kernel,
-                target.arch
-            );
-        }
-        rec.phase = "Building".into();
-        rec.job = Some(name);
-        ctx.save_target(gd, rec);
-        return Ok(TargetPhase::Building);
+        return start_build(ctx, gd, target, &name, rec).await;
     };
     let pods = ctx.pods_of(&name);
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
@@ -639,38 +599,122 @@ async fn ensure_target(
             job_message,
         } => (result, Some(format!("{job_reason}: {job_message}"))),
     };
-    rec.job = Some(name.clone());
+    Ok(build_finished(ctx, gd, target, &name, rec, result, failure).await)
+}
+
+/// A target that needs no look at Jobs: cached, or failed and still
+/// backing off.
+fn settled(gd: &GpuDriver, rec: &TargetStatus, now_unix: i64) -> Option<TargetPhase> {
+    if rec.phase == "Cached" {
+        return rec.artifact_sha256.as_ref().map(|sha| TargetPhase::Cached {
+            sha256: sha.clone(),
+        });
+    }
+    if rec.phase != "Failed" {
+        return None;
+    }
+    let wait = decide::backoff_seconds(
+        rec.failures,
+        gd.spec.job.retry_base_seconds,
+        gd.spec.job.retry_max_seconds,
+    );
+    let at = rec
+        .failed_at
+        .as_deref()
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .map_or(0, |t| t.as_second());
+    let left = (at.saturating_add(wait as i64) - now_unix).max(0) as u64;
+    (left > 0).then(|| TargetPhase::Failed {
+        reason: rec.reason.clone().unwrap_or_default(),
+        message: rec.message.clone().unwrap_or_default(),
+        retry_in: left,
+    })
+}
+
+/// No build Job for the target's current attempt yet: create it (unless
+/// this process just did).
+async fn start_build(
+    ctx: &Context,
+    gd: &GpuDriver,
+    target: &Target,
+    name: &str,
+    mut rec: TargetStatus,
+) -> Result<TargetPhase, Error> {
+    if !ctx.memo().created.contains_key(name) {
+        let Some(image) = decide::builder_image(&gd.spec.builder_images, &target.facts()) else {
+            let message = format!(
+                "no builder image matches OS {:?}, kernel {}",
+                target.os_image, target.kernel
+            );
+            rec.phase = "Failed".into();
+            rec.reason = Some("NoBuilderImage".into());
+            rec.message = Some(message.clone());
+            rec.failed_at = Some(Timestamp::now().to_string());
+            ctx.save_target(gd, rec);
+            return Ok(TargetPhase::Failed {
+                reason: "NoBuilderImage".into(),
+                message,
+                retry_in: gd.spec.job.retry_max_seconds,
+            });
+        };
+        let obj = job::build(
+            gd,
+            &JobRequest::build(name, &ctx.opts.namespace, &image, &rec.key, target),
+        );
+        create_job(ctx, &obj, name, JobRole::Build).await?;
+        tracing::info!(
+            "target {} {} {}: created build Job {name}",
+            target.os_image,
+            target.kernel,
+            target.arch
+        );
+    }
+    rec.phase = "Building".into();
+    rec.job = Some(name.to_string());
+    ctx.save_target(gd, rec);
+    Ok(TargetPhase::Building)
+}
+
+/// A build Job ended: cached with the digest its result reports, or
+/// failed (counted for the backoff); an Event on the GpuDriver once.
+async fn build_finished(
+    ctx: &Context,
+    gd: &GpuDriver,
+    target: &Target,
+    name: &str,
+    mut rec: TargetStatus,
+    result: Option<PodResult>,
+    failure: Option<String>,
+) -> TargetPhase {
+    rec.job = Some(name.to_string());
+    let first = |ctx: &Context| {
+        ctx.memo()
+            .handled
+            .insert(name.to_string(), Instant::now())
+            .is_none()
+    };
     if failure.is_none()
         && let Some(r) = result.as_ref().filter(|r| r.phase == Phase::Succeeded)
         && let Some(b) = &r.built
     {
+        let sha = b.artifact_sha256.clone();
         rec.phase = "Cached".into();
-        rec.artifact_sha256 = Some(b.artifact_sha256.clone());
+        rec.artifact_sha256 = Some(sha.clone());
         rec.driver_version = b.driver_version.clone();
         rec.reason = None;
         rec.message = None;
-        let sha = b.artifact_sha256.clone();
         ctx.save_target(gd, rec);
-        if ctx
-            .memo()
-            .handled
-            .insert(name.clone(), Instant::now())
-            .is_none()
-        {
+        if first(ctx) {
             ctx.metrics
                 .inc("gpu_driver_builds_total", &[("result", "succeeded")]);
-            ctx.gd_event(
-                gd,
-                EventType::Normal,
-                "ArtifactBuilt",
-                format!(
-                    "Job {name} stored the driver for {} {} {} (sha256 {sha})",
-                    target.os_image, target.kernel, target.arch
-                ),
-            )
-            .await;
+            let note = format!(
+                "Job {name} stored the driver for {} {} {} (sha256 {sha})",
+                target.os_image, target.kernel, target.arch
+            );
+            ctx.gd_event(gd, EventType::Normal, "ArtifactBuilt", note)
+                .await;
         }
-        return Ok(TargetPhase::Cached { sha256: sha });
+        return TargetPhase::Cached { sha256: sha };
     }
     let (reason, message) = match (&result, &failure) {
         (Some(r), _) if r.phase == Phase::Failed => (r.reason.to_string(), r.message.clone()),
@@ -683,7 +727,7 @@ async fn ensure_target(
     let message = crate::redact::text(&message).into_owned();
     rec.phase = "Failed".into();
     rec.failures += 1;
-    rec.failed_at = Some(now.to_string());
+    rec.failed_at = Some(Timestamp::now().to_string());
     rec.reason = Some(reason.clone());
     rec.message = Some(truncate(&message, 1024));
     let wait = decide::backoff_seconds(
@@ -692,30 +736,21 @@ async fn ensure_target(
         gd.spec.job.retry_max_seconds,
     );
     ctx.save_target(gd, rec);
-    if ctx
-        .memo()
-        .handled
-        .insert(name.clone(), Instant::now())
-        .is_none()
-    {
+    if first(ctx) {
         ctx.metrics
             .inc("gpu_driver_builds_total", &[("result", "failed")]);
-        ctx.gd_event(
-            gd,
-            EventType::Warning,
-            "BuildFailed",
-            format!(
-                "Job {name} for {} {}: {reason}: {message} (next build in {wait}s)",
-                target.os_image, target.kernel
-            ),
-        )
-        .await;
+        let note = format!(
+            "Job {name} for {} {}: {reason}: {message} (next build in {wait}s)",
+            target.os_image, target.kernel
+        );
+        ctx.gd_event(gd, EventType::Warning, "BuildFailed", note)
+            .await;
     }
-    Ok(TargetPhase::Failed {
+    TargetPhase::Failed {
         reason,
         message,
         retry_in: wait,
-    })
+    }
 }
 
 /// Every target the GpuDriver should have built: its prebuild list and
@@ -891,62 +926,7 @@ async fn upgrade(
         return Ok(None);
     }
     if state == UpgradeState::Idle {
-        if !ctx.reserve_upgrade(gd, &name) {
-            return Ok(Some(Action::requeue(Duration::from_secs(30))));
-        }
-        let pods = gpu_pods(ctx, &name).await?;
-        let cordon = !node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
-        let next = if pods.is_empty() {
-            UpgradeState::Installing
-        } else {
-            UpgradeState::Draining
-        };
-        let mut patch = json!({"metadata": {"annotations": {
-            keys::UPGRADE: next.as_str(),
-            keys::UPGRADE_STARTED: now.to_string(),
-            keys::UPGRADE_CORDONED: cordon.to_string(),
-        }}});
-        if cordon {
-            patch["spec"] = json!({"unschedulable": true});
-        }
-        ctx.patch_node(&name, &patch).await?;
-        let from = f
-            .annotations
-            .get(keys::DRIVER_VERSION)
-            .cloned()
-            .unwrap_or_else(|| "unknown".into());
-        let to = gd
-            .spec
-            .driver
-            .version
-            .clone()
-            .unwrap_or_else(|| "the catalog's".into());
-        ctx.event(
-            node,
-            EventType::Normal,
-            "UpgradeStarted",
-            format!(
-                "driver {from} → {to} ({}): {}; {} GPU pod(s) to drain",
-                gd.spec.driver.flavor.as_str(),
-                if cordon {
-                    "cordoned"
-                } else {
-                    "already cordoned by someone else, left so"
-                },
-                pods.len()
-            ),
-        )
-        .await;
-        ctx.metrics
-            .inc("gpu_driver_upgrades_total", &[("step", "started")]);
-        return Ok(match next {
-            UpgradeState::Installing => None,
-            _ => Some(Action::requeue(Duration::from_secs(1))),
-        });
+        return start_upgrade(ctx, gd, node).await;
     }
     // Draining, or Failed with its backoff over (plan() held it back
     // until then): drain (again).
@@ -1024,6 +1004,75 @@ async fn upgrade(
             Ok(Some(Action::requeue(Duration::from_secs(wait.max(1)))))
         }
     }
+}
+
+/// The node's turn in the roll, if a slot is free: cordon it (unless
+/// someone else did), record the start, and go straight to installing when
+/// no GPU pod runs there.
+async fn start_upgrade(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+) -> Result<Option<Action>, Error> {
+    let f = facts(node);
+    let name = f.name.clone();
+    let now = Timestamp::now();
+    if !ctx.reserve_upgrade(gd, &name) {
+        return Ok(Some(Action::requeue(Duration::from_secs(30))));
+    }
+    let pods = gpu_pods(ctx, &name).await?;
+    let cordon = !node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    let next = if pods.is_empty() {
+        UpgradeState::Installing
+    } else {
+        UpgradeState::Draining
+    };
+    let mut patch = json!({"metadata": {"annotations": {
+        keys::UPGRADE: next.as_str(),
+        keys::UPGRADE_STARTED: now.to_string(),
+        keys::UPGRADE_CORDONED: cordon.to_string(),
+    }}});
+    if cordon {
+        patch["spec"] = json!({"unschedulable": true});
+    }
+    ctx.patch_node(&name, &patch).await?;
+    let from = f
+        .annotations
+        .get(keys::DRIVER_VERSION)
+        .cloned()
+        .unwrap_or_else(|| "unknown".into());
+    let to = gd
+        .spec
+        .driver
+        .version
+        .clone()
+        .unwrap_or_else(|| "the catalog's".into());
+    ctx.event(
+        node,
+        EventType::Normal,
+        "UpgradeStarted",
+        format!(
+            "driver {from} → {to} ({}): {}; {} GPU pod(s) to drain",
+            gd.spec.driver.flavor.as_str(),
+            if cordon {
+                "cordoned"
+            } else {
+                "already cordoned by someone else, left so"
+            },
+            pods.len()
+        ),
+    )
+    .await;
+    ctx.metrics
+        .inc("gpu_driver_upgrades_total", &[("step", "started")]);
+    Ok(match next {
+        UpgradeState::Installing => None,
+        _ => Some(Action::requeue(Duration::from_secs(1))),
+    })
 }
 
 /// Evicts each pod through the Eviction API, so that PodDisruptionBudgets
