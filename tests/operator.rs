@@ -1388,6 +1388,12 @@ fn a_driver_upgrade_rolls_within_max_unavailable_and_respects_a_pdb() {
             assert_eq!(up1_jobs, 1, "no upgrade install Job while draining");
             let status = get_json(&c, &["gpudriver", "up"]);
             assert_eq!(status["status"]["upgrade"]["inProgress"], json!(["up-1"]));
+            // The others (waiting for their turn, or done) keep the ready
+            // label: the device plugin stays on them.
+            for n in ["up-2", "up-3"] {
+                assert_eq!(readiness(&c, n).0.as_deref(), Some("true"), "{n}");
+            }
+            assert_eq!(readiness(&c, "up-1").0, None);
             c.kubectl(&["delete", "pdb", "train-1", "-n", "work"]);
             seen_blocked = true;
         }

@@ -412,13 +412,17 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
         } => {
             // A node without a verified driver for this boot (new, rebooted,
             // upgraded) gets label off and startup taint on before the Job,
-            // so nothing new lands there until the install is verified.
-            unready(&ctx, &gd, &node, Some("Pending")).await?;
+            // so nothing new lands there until the install is verified. A
+            // node waiting for its turn in a driver upgrade keeps serving
+            // with its old driver, label and all: taking every node's label
+            // at once would take the device plugin off the whole pool.
+            let upgrading = decide::needs_upgrade(&f, &key);
+            if !upgrading || UpgradeState::of(&f) != UpgradeState::Idle {
+                unready(&ctx, &gd, &node, Some("Pending")).await?;
+            }
             // A running driver of an older policy: cordon and drain first,
             // a few nodes at a time.
-            if decide::needs_upgrade(&f, &key)
-                && let Some(action) = upgrade(&ctx, &gd, &node, &key).await?
-            {
+            if upgrading && let Some(action) = upgrade(&ctx, &gd, &node, &key).await? {
                 return Ok(action);
             }
             let ns = ctx.opts.namespace.clone();
@@ -1036,6 +1040,10 @@ async fn start_upgrade(
         keys::UPGRADE_STARTED: now.to_string(),
         keys::UPGRADE_CORDONED: cordon.to_string(),
     }}});
+    if f.labels.contains_key(keys::READY_LABEL) {
+        // Its turn: the ready label goes with the cordon.
+        patch["metadata"]["labels"] = json!({ keys::READY_LABEL: null });
+    }
     if cordon {
         patch["spec"] = json!({"unschedulable": true});
     }
