@@ -3,14 +3,14 @@
 //! is what docs/operator.md promises (tests/operator.rs also has the real
 //! apiserver accept them).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Deserialize;
@@ -115,10 +115,14 @@ fn manifests_parse_and_rbac_is_least_privilege() {
                 }
                 "ServiceAccount" => {
                     let sa: ServiceAccount = typed(&doc);
-                    if sa.metadata.name.as_deref() == Some("gpu-driver-installer") {
+                    if matches!(
+                        sa.metadata.name.as_deref(),
+                        Some("gpu-driver-installer" | "gpu-driver-exporter")
+                    ) {
                         assert_eq!(sa.automount_service_account_token, Some(false));
                     }
                 }
+                "DaemonSet" => exporter_is_unprivileged(&typed(&doc)),
                 "ClusterRole" => {
                     let cr: ClusterRole = typed(&doc);
                     operator_rules.extend(cr.rules.unwrap_or_default());
@@ -159,6 +163,7 @@ fn manifests_parse_and_rbac_is_least_privilege() {
         "Deployment",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "DaemonSet",
     ] {
         assert!(kinds.contains(k), "{k} missing: {kinds:?}");
     }
@@ -254,6 +259,106 @@ fn admission_policy_is_bound_and_fails_closed(
         assert!(v.message.is_some(), "{v:?}");
         assert_eq!(v.reason.as_deref(), Some("Forbidden"));
     }
+}
+
+/// The exporter's DaemonSet (deploy/exporter.yaml; the chart renders the
+/// same, tests/chart.rs): only on nodes with a verified driver, not
+/// privileged, no host namespaces, no API token, no capabilities, a
+/// read-only root, and the host only through the NVIDIA runtime class and
+/// two read-only mounts (docs/chart.md, "The exporter").
+fn exporter_is_unprivileged(ds: &DaemonSet) {
+    use gpu_driver::operator::keys::READY_LABEL;
+    assert_eq!(ds.metadata.name.as_deref(), Some("gpu-driver-exporter"));
+    let pod = ds.spec.clone().unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.node_selector
+            .clone()
+            .unwrap_or_default()
+            .get(READY_LABEL)
+            .map(String::as_str),
+        Some("true"),
+        "the exporter runs only where the driver is verified"
+    );
+    assert!(
+        pod.tolerations.clone().unwrap_or_default().iter().any(|t| {
+            t.key.as_deref() == Some("nvidia.com/gpu") && t.operator.as_deref() == Some("Exists")
+        }),
+        "the exporter tolerates the GPU taint"
+    );
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("gpu-driver-exporter")
+    );
+    for host in [
+        pod.host_pid,
+        pod.host_network,
+        pod.host_ipc,
+        pod.host_users.map(|u| !u),
+    ] {
+        assert_ne!(host, Some(true), "no host namespace");
+    }
+    assert!(pod.init_containers.is_none() && pod.containers.len() == 1);
+    let c = &pod.containers[0];
+    let sc = c.security_context.clone().unwrap();
+    assert_ne!(sc.privileged, Some(true), "not privileged");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.unwrap();
+    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(caps.add, None, "no capability added");
+    let env: Vec<(String, Option<String>)> = c
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name, e.value))
+        .collect();
+    for want in [
+        ("NVIDIA_VISIBLE_DEVICES", "all"),
+        // NVML only, not CUDA.
+        ("NVIDIA_DRIVER_CAPABILITIES", "utility"),
+    ] {
+        assert!(
+            env.contains(&(want.0.to_string(), Some(want.1.to_string()))),
+            "{want:?} not in {env:?}"
+        );
+    }
+    // Exactly these host paths, each read-only under /host at its own path
+    // (--host-root /host).
+    let volumes: BTreeMap<String, String> = pod
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| {
+            let hp = v
+                .host_path
+                .unwrap_or_else(|| panic!("volume {} is no hostPath", v.name));
+            (v.name, hp.path)
+        })
+        .collect();
+    assert_eq!(
+        volumes
+            .values()
+            .map(String::as_str)
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from([
+            "/proc",
+            "/var/lib/kubelet/pod-resources",
+            "/var/log/containers"
+        ])
+    );
+    let mounts = c.volume_mounts.clone().unwrap_or_default();
+    assert_eq!(mounts.len(), volumes.len());
+    for m in &mounts {
+        assert_eq!(m.read_only, Some(true), "{} not read-only", m.name);
+        assert_eq!(m.mount_propagation, None, "{}", m.name);
+        assert_eq!(m.sub_path, None, "{}", m.name);
+        assert_eq!(m.mount_path, format!("/host{}", volumes[&m.name]));
+    }
+    let args = c.args.clone().unwrap_or_default().join(" ");
+    assert!(args.contains("--host-root /host"), "{args}");
 }
 
 /// The policy's `deniedFlags` list.
@@ -453,7 +558,11 @@ fn images_in_deploy_are_pinned_or_versioned_never_latest() {
                 bad.push(format!("{rel}: {e}"));
             }
             // This project's own images carry its version (or a digest).
-            let own = ["/gpu-driver-operator", "/gpu-driver-installer"];
+            let own = [
+                "/gpu-driver-operator",
+                "/gpu-driver-installer",
+                "/gpu-driver-exporter",
+            ];
             let name = r.split(['@']).next().unwrap();
             if let Some((repo_name, tag)) = name.rsplit_once(':') {
                 if own.iter().any(|o| repo_name.ends_with(o)) && !r.contains('@') {
