@@ -112,7 +112,7 @@ async fn poll_node(
         && r.phase == Phase::Succeeded
     {
         metrics.write("patch", "nodes");
-        let patch = ready_patch(&gd, &node, &key, &job_name, &r, Timestamp::now());
+        let patch = ready_patch(&gd, &node, &key, &job_name, &r, Timestamp::now(), false);
         nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;

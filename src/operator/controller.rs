@@ -72,6 +72,13 @@ struct Memo {
     /// Nodes told that their install waits for a build or was refused, by
     /// node and target key (one Event each).
     gated: HashMap<String, String>,
+    /// Nodes this process cordoned for an upgrade: the ready patch
+    /// uncordons them even when the cached node does not show the
+    /// `upgrade-cordoned` annotation yet.
+    cordoned: HashMap<String, Instant>,
+    /// Verified installs by node → key: a reconcile on a cached node older
+    /// than that patch must not start anything for the key again.
+    installed: HashMap<String, (String, Instant)>,
 }
 
 /// Nodes waiting for a target's build Job, by target key: a build Job's
@@ -222,6 +229,8 @@ impl Context {
         let old = Duration::from_secs(600);
         memo.created.retain(|_, t| t.elapsed() < old);
         memo.handled.retain(|_, t| t.elapsed() < old);
+        memo.cordoned.retain(|_, t| t.elapsed() < old);
+        memo.installed.retain(|_, (_, t)| t.elapsed() < old);
     }
 }
 
@@ -234,6 +243,7 @@ pub fn ready_patch(
     job: &str,
     result: &PodResult,
     now: Timestamp,
+    cordoned_by_us: bool,
 ) -> Value {
     let f = facts(node);
     let installed = result.installed.as_ref();
@@ -270,23 +280,24 @@ pub fn ready_patch(
         startup_taint: Some(false),
     };
     add_marks(gd, node, marks, &mut patch);
-    end_upgrade(&f, &mut patch);
+    end_upgrade(&f, cordoned_by_us, &mut patch);
     patch
 }
 
-/// Clears the upgrade annotations; an upgrade that cordoned the node
+/// Clears the upgrade annotations (a null for a key the cached node does
+/// not show yet costs nothing); an upgrade that cordoned the node
 /// uncordons it, one that found it cordoned by someone else leaves it so.
-fn end_upgrade(f: &NodeFacts, patch: &mut Value) {
+/// `cordoned_by_us`: this process sent the cordon (the cache may lag).
+fn end_upgrade(f: &NodeFacts, cordoned_by_us: bool, patch: &mut Value) {
     for k in [keys::UPGRADE, keys::UPGRADE_STARTED, keys::UPGRADE_CORDONED] {
-        if f.annotations.contains_key(k) {
-            patch["metadata"]["annotations"][k] = Value::Null;
-        }
+        patch["metadata"]["annotations"][k] = Value::Null;
     }
-    if f.annotations
+    let annotated = f
+        .annotations
         .get(keys::UPGRADE_CORDONED)
         .map(String::as_str)
-        == Some("true")
-    {
+        == Some("true");
+    if cordoned_by_us || annotated {
         patch["spec"]["unschedulable"] = json!(false);
     }
 }
@@ -369,11 +380,13 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
                 let mut patch = json!({"metadata": {}});
                 add_marks(&gd, &node, marks, &mut patch);
                 if stale_upgrade {
-                    end_upgrade(&f, &mut patch);
+                    let ours = ctx.memo().cordoned.contains_key(&f.name);
+                    end_upgrade(&f, ours, &mut patch);
                 }
                 ctx.patch_node(&f.name, &patch).await?;
                 ctx.memo().fixed.insert(f.name.clone(), key);
                 if stale_upgrade {
+                    ctx.memo().cordoned.remove(&f.name);
                     ctx.upgrade_done(&f.name);
                 }
             }
@@ -416,6 +429,11 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> 
             // node waiting for its turn in a driver upgrade keeps serving
             // with its old driver, label and all: taking every node's label
             // at once would take the device plugin off the whole pool.
+            // Installed for this key already by a patch the cache does not
+            // show yet: its watch event brings the node back.
+            if ctx.memo().installed.get(&f.name).map(|(k, _)| k) == Some(&key) {
+                return Ok(Action::await_change());
+            }
             let upgrading = decide::needs_upgrade(&f, &key);
             if !upgrading || UpgradeState::of(&f) != UpgradeState::Idle {
                 unready(&ctx, &gd, &node, Some("Pending")).await?;
@@ -881,23 +899,25 @@ impl Context {
     /// Takes an upgrade slot for `node` if one is free and the roll is not
     /// stopped; the count and the reservation are one step under the memo
     /// lock, so that concurrent reconciles never overshoot.
-    fn reserve_upgrade(&self, gd: &GpuDriver, node: &str) -> bool {
+    fn reserve_upgrade(&self, gd: &GpuDriver, node: &str) -> Slot {
         let (max, mut busy, stopped) = self.roll(gd);
         let mut memo = self.memo();
-        if memo.upgrading.contains_key(node) || busy.contains(node) {
-            return true;
-        }
         // Started by us, not in the cache yet (or finished and forgotten).
         memo.upgrading
             .retain(|n, at| busy.contains(n) || at.elapsed() < Duration::from_secs(60));
+        if memo.upgrading.contains_key(node) || busy.contains(node) {
+            // Our start patch is on its way through the watch: sending it
+            // again would cost a write and an Event.
+            return Slot::Started;
+        }
         busy.extend(memo.upgrading.keys().cloned());
         if stopped.is_some() || busy.len() as u32 >= max {
             memo.upgrade_waiting.insert(node.to_string());
-            return false;
+            return Slot::Full;
         }
         memo.upgrade_waiting.remove(node);
         memo.upgrading.insert(node.to_string(), Instant::now());
-        true
+        Slot::Reserved
     }
 
     /// An upgrade ended (installed, or the node left): wake nodes waiting
@@ -911,6 +931,15 @@ impl Context {
             let _ = self.wake.send(ObjectRef::new(&name));
         }
     }
+}
+
+/// What [`Context::reserve_upgrade`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Reserved,
+    /// This process started the node's upgrade; the cache lags.
+    Started,
+    Full,
 }
 
 /// One step of a node's driver upgrade. `None`: drained, go install;
@@ -1021,8 +1050,10 @@ async fn start_upgrade(
     let f = facts(node);
     let name = f.name.clone();
     let now = Timestamp::now();
-    if !ctx.reserve_upgrade(gd, &name) {
-        return Ok(Some(Action::requeue(Duration::from_secs(30))));
+    match ctx.reserve_upgrade(gd, &name) {
+        Slot::Reserved => {}
+        Slot::Started => return Ok(Some(Action::requeue(Duration::from_secs(2)))),
+        Slot::Full => return Ok(Some(Action::requeue(Duration::from_secs(30)))),
     }
     let pods = gpu_pods(ctx, &name).await?;
     let cordon = !node
@@ -1047,7 +1078,14 @@ async fn start_upgrade(
     if cordon {
         patch["spec"] = json!({"unschedulable": true});
     }
-    ctx.patch_node(&name, &patch).await?;
+    if let Err(e) = ctx.patch_node(&name, &patch).await {
+        // Not started after all: the next reconcile may try again.
+        ctx.memo().upgrading.remove(&name);
+        return Err(e);
+    }
+    if cordon {
+        ctx.memo().cordoned.insert(name.clone(), Instant::now());
+    }
     let from = f
         .annotations
         .get(keys::DRIVER_VERSION)
@@ -1331,11 +1369,21 @@ async fn mark_installed(
     let name = job.name_any();
     let node_name = node.name_any();
     let m = &ctx.metrics;
-    ctx.patch_node(&node_name, &ready_patch(gd, node, key, &name, r, now))
-        .await?;
-    ctx.memo().handled.insert(name.clone(), Instant::now());
-    ctx.memo().gated.remove(&node_name);
-    if facts(node).annotations.contains_key(keys::UPGRADE) {
+    let ours = ctx.memo().cordoned.contains_key(&node_name);
+    let upgraded = ours
+        || facts(node).annotations.contains_key(keys::UPGRADE)
+        || ctx.memo().upgrading.contains_key(&node_name);
+    let patch = ready_patch(gd, node, key, &name, r, now, ours);
+    ctx.patch_node(&node_name, &patch).await?;
+    {
+        let mut memo = ctx.memo();
+        memo.handled.insert(name.clone(), Instant::now());
+        memo.gated.remove(&node_name);
+        memo.cordoned.remove(&node_name);
+        memo.installed
+            .insert(node_name.clone(), (key.to_string(), Instant::now()));
+    }
+    if upgraded {
         m.inc("gpu_driver_upgrades_total", &[("step", "done")]);
         ctx.upgrade_done(&node_name);
     }
