@@ -15,6 +15,8 @@ pub mod cuda;
 pub mod deb;
 pub mod detect;
 pub mod error;
+#[cfg(feature = "exporter")]
+pub mod exporter;
 pub mod extract;
 pub mod fabric;
 pub mod failpoint;
