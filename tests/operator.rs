@@ -784,26 +784,7 @@ fn micro_time_now() -> String {
 /// answered yet ends with exit code 0 and `message` as its termination
 /// message.
 fn answer_pods(c: &Cluster, message: &str) {
-    let pods = get_json(c, &["pods", "-n", NS]);
-    for p in pods["items"].as_array().unwrap() {
-        if !p["metadata"]["annotations"][EXIT_CODE].is_null() {
-            continue;
-        }
-        let patch = json!({"metadata": {"annotations": {
-            EXIT_CODE: "0", TERMINATION_MESSAGE: message}}})
-        .to_string();
-        c.kubectl(&[
-            "patch",
-            "pod",
-            p["metadata"]["name"].as_str().unwrap(),
-            "-n",
-            NS,
-            "--type",
-            "merge",
-            "-p",
-            &patch,
-        ]);
-    }
+    answer_matching(c, None, |_| true, "0", message);
 }
 
 /// A node's ready label and its taints as `key:effect`.
@@ -1007,16 +988,24 @@ fn answer_role(
     exit_code: &str,
     message: &str,
 ) -> usize {
-    let pods = get_json(
-        c,
-        &[
-            "pods",
-            "-n",
-            NS,
-            "-l",
-            &format!("{}={role}", keys::ROLE_LABEL),
-        ],
-    );
+    answer_matching(c, Some(role), pick, exit_code, message)
+}
+
+/// Ends every unanswered Job pod (of `role`, when given) that `pick`
+/// accepts with `exit_code` and `message`; how many it answered.
+fn answer_matching(
+    c: &Cluster,
+    role: Option<&str>,
+    pick: impl Fn(&Value) -> bool,
+    exit_code: &str,
+    message: &str,
+) -> usize {
+    let selector = role.map(|r| format!("{}={r}", keys::ROLE_LABEL));
+    let mut args = vec!["pods", "-n", NS];
+    if let Some(sel) = &selector {
+        args.extend(["-l", sel.as_str()]);
+    }
+    let pods = get_json(c, &args);
     let mut n = 0;
     for p in pods["items"].as_array().unwrap() {
         if !p["metadata"]["annotations"][EXIT_CODE].is_null() || !pick(p) {

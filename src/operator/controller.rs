@@ -199,18 +199,31 @@ impl Context {
     }
 
     async fn event(&self, node: &Node, type_: EventType, reason: &str, note: String) {
+        self.publish(node, "InstallDriver", type_, reason, note)
+            .await;
+    }
+
+    /// Records an Event about `obj`. An Event is information: failing to
+    /// record one must not stop a reconcile.
+    async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        action: &str,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         self.metrics.write("create", "events");
         let ev = Event {
             type_,
             reason: reason.into(),
             note: Some(truncate(&note, 1000)),
-            action: "InstallDriver".into(),
+            action: action.into(),
             secondary: None,
         };
-        // An Event is information: failing to record one must not stop the
-        // node's reconcile.
-        if let Err(e) = self.recorder.publish(&ev, &node.object_ref(&())).await {
-            tracing::warn!("event {reason} for node {}: {e}", node.name_any());
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            let name = obj.meta().name.clone().unwrap_or_default();
+            tracing::warn!("event {reason} for {} {name}: {e}", K::kind(&()));
         }
     }
 
@@ -570,17 +583,7 @@ impl Context {
     }
 
     async fn gd_event(&self, gd: &GpuDriver, type_: EventType, reason: &str, note: String) {
-        self.metrics.write("create", "events");
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(truncate(&note, 1000)),
-            action: "BuildDriver".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &gd.object_ref(&())).await {
-            tracing::warn!("event {reason} for GpuDriver {}: {e}", gd.name_any());
-        }
+        self.publish(gd, "BuildDriver", type_, reason, note).await;
     }
 }
 
