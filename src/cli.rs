@@ -434,7 +434,9 @@ pub fn run() -> ExitCode {
     }
 }
 
-fn init_tracing(level: &str) {
+/// Diagnostics on stderr at `level` (or RUST_LOG), secrets masked; shared by
+/// every binary of the package.
+pub fn init_tracing(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
