@@ -8,9 +8,6 @@
 //! build and `<arch>-linux-gnu-gcc` for a cross build. The helper must run
 //! on every supported host: it may not need a glibc symbol version newer
 //! than [`MAX_GLIBC`], which this script checks in the binary it built.
-//!
-//! With the `exporter` feature only, it also generates the kubelet
-//! PodResources gRPC code from the vendored proto (see [`podresources`]).
 
 use std::env;
 use std::path::PathBuf;
@@ -24,7 +21,6 @@ const SOURCE: &str = "src/cuda-check.c";
 const MAX_GLIBC: (u32, u32) = (2, 34);
 
 fn main() {
-    podresources();
     println!("cargo:rerun-if-changed={SOURCE}");
     println!("cargo:rerun-if-changed=build.rs");
     let target = env::var("TARGET").unwrap_or_default();
@@ -92,34 +88,3 @@ fn newest_glibc(bytes: &[u8]) -> Option<(u32, u32)> {
     }
     best
 }
-
-/// The vendored kubelet proto, relative to [`PROTO_ROOT`].
-#[cfg(feature = "exporter")]
-const PODRESOURCES_PROTO: &str = "k8s.io/kubelet/pkg/apis/podresources/v1/api.proto";
-#[cfg(feature = "exporter")]
-const PROTO_ROOT: &str = "tools/proto";
-
-/// `$OUT_DIR/v1.rs`: the PodResources messages, client and server
-/// (src/exporter/podresources.rs; the server serves tests/exporter.rs).
-/// Parsed by protox, so no system `protoc` is needed. Nothing without the
-/// `exporter` feature: the static installer builds none of this.
-#[cfg(feature = "exporter")]
-fn podresources() {
-    if env::var_os("CARGO_FEATURE_EXPORTER").is_none() {
-        return;
-    }
-    println!("cargo:rerun-if-changed={PROTO_ROOT}/{PODRESOURCES_PROTO}");
-    let fds = protox::compile([PODRESOURCES_PROTO], [PROTO_ROOT])
-        .unwrap_or_else(|e| panic!("parsing {PROTO_ROOT}/{PODRESOURCES_PROTO}: {e}"));
-    let out = env::var_os("OUT_DIR").expect("cargo sets OUT_DIR");
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .build_transport(false)
-        .out_dir(out)
-        .compile_fds(fds)
-        .unwrap_or_else(|e| panic!("generating the PodResources gRPC code: {e}"));
-}
-
-#[cfg(not(feature = "exporter"))]
-fn podresources() {}

@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::headers::{KernelHeaders, inspect_headers, locate_headers};
 use crate::host::{CpuArch, HostRoot, ModuleFlavor};
 use crate::modinfo;
-use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
+use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 
 /// Free space the work directory needs. A compile of the open 535/550 trees
 /// peaks at about 950 MB (unstripped `nvidia.ko` alone is 184 MB, plus the
@@ -208,9 +208,9 @@ pub struct BuildStatus {
 
 pub type BuildResult = Document<BuildSpec, BuildStatus>;
 
-impl ResultDocument for BuildResult {
+impl StatusOutcome for BuildStatus {
     fn outcome(&self) -> &Outcome {
-        &self.status.outcome
+        &self.outcome
     }
 }
 
@@ -296,7 +296,7 @@ pub fn build_failed(spec: BuildSpec, outcome: Outcome) -> BuildResult {
 /// configuration is checked first (a bad one is the caller's mistake).
 pub fn build(opts: &BuildOptions) -> BuildResult {
     if let Some(Err(e)) = opts.cache.as_ref().map(crate::cache::CacheConfig::check) {
-        return build_failed(opts.spec(), Outcome::from_error(&e));
+        return build_failed(opts.spec(), Outcome::from(&e));
     }
     if opts.kernel_release.is_empty() {
         return match crate::host::read_kernel_release(&opts.root) {
@@ -312,14 +312,14 @@ pub fn build(opts: &BuildOptions) -> BuildResult {
                 kernel_release: r,
                 ..opts.clone()
             }),
-            Err(e) => build_failed(opts.spec(), Outcome::from_error(&e)),
+            Err(e) => build_failed(opts.spec(), Outcome::from(&e)),
         };
     }
     let mut status = BuildStatus::new(Outcome::new(Reason::Internal, "build did not finish"));
     let mut session = opts.cache.as_ref().map(crate::cache::Session::start);
     status.outcome = match run(opts, &mut status, session.as_mut()) {
         Ok(message) => Outcome::new(Reason::Built, message),
-        Err(e) => Outcome::from_error(&e),
+        Err(e) => Outcome::from(&e),
     };
     status.cache = Some(match session {
         Some(s) => {
@@ -451,7 +451,10 @@ fn preflight(opts: &BuildOptions, status: &mut BuildStatus) -> Result<Preflight>
         common_dir: headers.common_dir.display().to_string(),
         release: headers.release.clone(),
     });
-    let target = Target::new(target_arch(opts.arch, &headers)?, CpuArch::running()?);
+    let target = Target::new(
+        target_arch(opts.arch, &headers)?,
+        crate::host::running_arch()?,
+    );
     status.arch = Some(target.arch);
     let path_var = std::env::var_os("PATH").unwrap_or_default();
     let cc = check_tools(headers.cc_version_text.as_deref(), &target, &path_var)?;
@@ -886,7 +889,7 @@ pub fn target_arch(flag: Option<CpuArch>, headers: &KernelHeaders) -> Result<Cpu
         .with_hint(format!("pass the headers of the {f} kernel, or --arch {h}"))),
         (_, Some(h)) => Ok(h),
         (Some(f), None) => Ok(f),
-        (None, None) => CpuArch::running(),
+        (None, None) => crate::host::running_arch(),
     }
 }
 

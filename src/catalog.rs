@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::host::{CpuArch, KernelVersion, ModuleFlavor, is_driver_version};
-use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
+use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 
 pub const EMBEDDED: &str = include_str!("../catalog/catalog.toml");
 /// 2: releases per branch, digests per CPU architecture, `{arch}` in URL
@@ -540,9 +540,9 @@ pub struct DefaultChoice {
 
 pub type CatalogCheck = Document<CatalogCheckSpec, CatalogCheckStatus>;
 
-impl ResultDocument for CatalogCheck {
+impl StatusOutcome for CatalogCheckStatus {
     fn outcome(&self) -> &Outcome {
-        &self.status.outcome
+        &self.outcome
     }
 }
 
@@ -550,7 +550,7 @@ impl ResultDocument for CatalogCheck {
 /// checked, as a result document.
 pub fn check_document(label: String, catalog: Result<Catalog>) -> CatalogCheck {
     let (outcome, problems, defaults) = match catalog {
-        Err(e) => (Outcome::from_error(&e), Vec::new(), Vec::new()),
+        Err(e) => (Outcome::from(&e), Vec::new(), Vec::new()),
         Ok(cat) => {
             let (problems, defaults) = cat.check_with_defaults();
             let outcome = if problems.is_empty() {

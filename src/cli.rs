@@ -13,6 +13,7 @@ use crate::build::{self, BuildOptions};
 use crate::error::{Error, Result};
 use crate::fetch::{RetryPolicy, Timeouts};
 use crate::host::{HostRoot, HostRootSource, ModuleFlavor};
+use crate::hostfs::HostRootFs;
 use crate::install::{self, UninstallOptions};
 use crate::report::{self, Kind, Reason, ResultDocument};
 use crate::resolve::FlavorChoice;
@@ -437,15 +438,10 @@ pub fn run() -> ExitCode {
 /// Diagnostics on stderr at `level` (or RUST_LOG), secrets masked; shared by
 /// every binary of the package.
 pub fn init_tracing(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(crate::redact::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+    gpu_driver_contract::logging::init_tracing(
+        level,
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
 }
 
 /// Runs the command; `Err` only when the result itself cannot be delivered.

@@ -1,111 +1,16 @@
 //! `detect`: what this node is. Reads os-release, the kernel, PCI devices,
 //! loaded NVIDIA modules and Secure Boot through the host root.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::host::{
-    self, CpuArch, HostRoot, HostRootSource, LoadedDriver, LoadedModule, OsInfo, PciRole,
-    SecureBoot,
+    self, CpuArch, HostRoot, OsInfo, PciRole,
 };
-use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
+use crate::report::{Document, Kind, Outcome, Reason};
 
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DetectSpec {
-    pub host_root: String,
-    pub host_root_source: HostRootSource,
-    /// `--kernel-release`, when given.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_release_override: Option<String>,
-    /// `--arch`, when given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub arch_override: Option<CpuArch>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Gpu {
-    /// `0000:3b:00.0`
-    pub pci_address: String,
-    /// `0x1eb8`
-    pub device_id: String,
-    /// `0x10de:0x12a2`, when sysfs shows it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub subsystem_id: Option<String>,
-    /// `0x030200`
-    pub pci_class: String,
-    /// GPU family from the catalog's device id ranges (`turing`, `hopper`, …);
-    /// absent when the id is in no known range.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub architecture: Option<String>,
-    /// Whether NVIDIA's open kernel modules can drive it (Turing and newer);
-    /// absent when the architecture is unknown.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub open_modules_supported: Option<bool>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct HostStatus {
-    #[serde(flatten)]
-    pub outcome: Outcome,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub os: Option<OsInfo>,
-    /// Whether the catalog lists this OS and version as installable.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub os_supported: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_release: Option<String>,
-    /// The CPU architecture (`x86_64`, `aarch64`): NVIDIA ships a package
-    /// for each.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub arch: Option<CpuArch>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub boot_id: Option<String>,
-    #[serde(default)]
-    pub gpus: Vec<Gpu>,
-    /// PCI addresses of NVSwitch fabric bridges (they need Fabric Manager,
-    /// not a driver of their own).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nvswitches: Vec<String>,
-    /// NVIDIA modules (and nouveau) in `/proc/modules`.
-    #[serde(default)]
-    pub loaded_modules: Vec<LoadedModule>,
-    /// What `/proc/driver/nvidia/version` reports, when the driver is loaded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub loaded_driver: Option<LoadedDriver>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub secure_boot: Option<SecureBoot>,
-}
-
-impl HostStatus {
-    fn new() -> Self {
-        HostStatus {
-            outcome: Outcome::new(Reason::Internal, "detection did not finish"),
-            os: None,
-            os_supported: None,
-            kernel_release: None,
-            arch: None,
-            boot_id: None,
-            gpus: Vec::new(),
-            nvswitches: Vec::new(),
-            loaded_modules: Vec::new(),
-            loaded_driver: None,
-            secure_boot: None,
-        }
-    }
-}
-
-pub type HostReport = Document<DetectSpec, HostStatus>;
-
-impl ResultDocument for HostReport {
-    fn outcome(&self) -> &Outcome {
-        &self.status.outcome
-    }
-}
+pub use gpu_driver_contract::detect::{DetectSpec, Gpu, HostReport, HostStatus};
 
 pub struct DetectOptions<'a> {
     pub root: &'a HostRoot,
@@ -129,7 +34,7 @@ pub fn detect(opts: &DetectOptions) -> HostReport {
     let mut status = HostStatus::new();
     status.outcome = match fill(&mut status, opts) {
         Ok(()) => decide(&status, opts.catalog),
-        Err(e) => Outcome::from_error(&e),
+        Err(e) => Outcome::from(&e),
     };
     Document::new(Kind::HostReport, spec, status)
 }
@@ -173,7 +78,7 @@ pub fn target_report(
                 "target {os_id} {os_version} with kernel {kernel_release} on {arch}, as given (no host detected, no GPU known)"
             ),
         ),
-        Err(e) => Outcome::from_error(&e),
+        Err(e) => Outcome::from(&e),
     };
     status.os_supported = Some(supported);
     status.os = Some(os);
@@ -193,7 +98,7 @@ fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
     });
     st.arch = Some(match opts.arch {
         Some(a) => a,
-        None => CpuArch::running()?,
+        None => crate::host::running_arch()?,
     });
     st.boot_id = host::read_boot_id(root)?;
     for dev in host::read_pci_devices(&host::pci_devices_dir(root))? {
@@ -246,7 +151,7 @@ fn decide(st: &HostStatus, catalog: &Catalog) -> Outcome {
         );
     }
     if let Err(e) = check_os(catalog, os) {
-        return Outcome::from_error(&e);
+        return Outcome::from(&e);
     }
     let archs: Vec<String> = st
         .gpus

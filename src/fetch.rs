@@ -1113,9 +1113,9 @@ pub struct FetchStatus {
 
 pub type FetchResult = crate::report::Document<FetchSpec, FetchStatus>;
 
-impl crate::report::ResultDocument for FetchResult {
+impl crate::report::StatusOutcome for FetchStatus {
     fn outcome(&self) -> &crate::report::Outcome {
-        &self.status.outcome
+        &self.outcome
     }
 }
 
@@ -1325,7 +1325,7 @@ pub fn fetch_package(req: &PackageRequest, mut opts: FetchOptions) -> FetchResul
         }
         Err(e) => {
             status.attempts = e.attempts;
-            crate::report::Outcome::from_error(&e.error)
+            crate::report::Outcome::from(&e.error)
         }
     };
     crate::report::Document::new(crate::report::Kind::FetchResult, spec, status)

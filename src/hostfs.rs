@@ -492,9 +492,15 @@ impl HostFs {
     }
 }
 
-impl HostRoot {
+/// Confined writes for a [`HostRoot`] (which lives in the wire contract and
+/// knows nothing of writing).
+pub trait HostRootFs {
     /// A handle for confined writes under this root (see [`HostFs`]).
-    pub fn fs(&self) -> Result<HostFs> {
+    fn fs(&self) -> Result<HostFs>;
+}
+
+impl HostRootFs for HostRoot {
+    fn fs(&self) -> Result<HostFs> {
         HostFs::open(self)
     }
 }

@@ -50,12 +50,11 @@ use serde::{Deserialize, Serialize};
 use crate::artifact::{self, Manifest};
 use crate::error::{Error, Result};
 use crate::host::{self, HostRoot, ModuleFlavor, PciRole};
-use crate::hostfs::{HostFs, Kind as FsKind};
+use crate::hostfs::{HostFs, HostRootFs, Kind as FsKind};
 use crate::modinfo::{self, ModInfo};
-use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
+use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 
-/// Versioned driver roots, relative to the host root.
-pub const DRIVERS_DIR: &str = "/var/lib/gpu-driver/drivers";
+pub use gpu_driver_contract::layout::DRIVERS_DIR;
 /// The name prefix of the directory an artifact is unpacked into.
 const STAGING_PREFIX: &str = ".staging-";
 
@@ -289,9 +288,9 @@ impl InstallStatus {
 
 pub type InstallResult = Document<InstallSpec, InstallStatus>;
 
-impl ResultDocument for InstallResult {
+impl StatusOutcome for InstallStatus {
     fn outcome(&self) -> &Outcome {
-        &self.status.outcome
+        &self.outcome
     }
 }
 
@@ -943,7 +942,7 @@ pub fn install(opts: &InstallOptions) -> InstallResult {
     let mut status = InstallStatus::new();
     status.outcome = match install_inner(opts, &mut status) {
         Ok(outcome) => outcome,
-        Err(e) => Outcome::from_error(&e),
+        Err(e) => Outcome::from(&e),
     };
     Document::new(Kind::InstallResult, install_spec(opts), status)
 }
@@ -951,7 +950,7 @@ pub fn install(opts: &InstallOptions) -> InstallResult {
 /// An install refused before it began (e.g. an unreadable
 /// `--fabric-manager` archive).
 pub fn install_refused(opts: &InstallOptions, e: &Error) -> InstallResult {
-    install_failed(install_spec(opts), Outcome::from_error(e))
+    install_failed(install_spec(opts), Outcome::from(e))
 }
 
 fn install_spec(opts: &InstallOptions) -> InstallSpec {
@@ -1678,7 +1677,7 @@ pub fn uninstall(opts: &UninstallOptions) -> InstallResult {
     let mut status = InstallStatus::new();
     status.outcome = match uninstall_inner(opts, &mut status) {
         Ok(o) => o,
-        Err(e) => Outcome::from_error(&e),
+        Err(e) => Outcome::from(&e),
     };
     Document::new(Kind::InstallResult, spec, status)
 }

@@ -15,8 +15,6 @@ pub mod cuda;
 pub mod deb;
 pub mod detect;
 pub mod error;
-#[cfg(feature = "exporter")]
-pub mod exporter;
 pub mod extract;
 pub mod fabric;
 pub mod failpoint;
@@ -27,16 +25,14 @@ pub mod host;
 pub mod hostfs;
 pub mod install;
 pub mod modinfo;
-#[cfg(feature = "operator")]
-pub mod operator;
 pub mod process;
-pub mod redact;
+pub use gpu_driver_contract::redact;
 pub mod report;
 pub mod resolve;
 pub mod run;
 mod runfile;
 pub mod schema;
-pub mod text;
+pub use gpu_driver_contract::text;
 pub mod tls;
 pub mod userspace;
 pub mod verify;

@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    gpu_driver::cli::run()
+    gpu_driver_installer::cli::run()
 }

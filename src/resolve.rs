@@ -8,7 +8,7 @@ use crate::catalog::{self, Architecture, Catalog};
 use crate::detect::{self, DetectOptions, Gpu, HostReport};
 use crate::error::{Error, Result};
 use crate::host::{self, CpuArch, HostRoot, KernelVersion, ModuleFlavor};
-use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
+use crate::report::{Document, Kind, Outcome, Phase, Reason, StatusOutcome};
 
 /// `--flavor`
 #[derive(
@@ -198,9 +198,9 @@ pub fn plan_failed(spec: ResolveSpec, outcome: Outcome) -> InstallPlan {
 
 pub type InstallPlan = Document<ResolveSpec, PlanStatus>;
 
-impl ResultDocument for InstallPlan {
+impl StatusOutcome for PlanStatus {
     fn outcome(&self) -> &Outcome {
-        &self.status.outcome
+        &self.outcome
     }
 }
 
@@ -241,7 +241,7 @@ pub fn resolve_report(opts: &ResolveOptions, report: &HostReport) -> InstallPlan
     if report.status.outcome.phase == Phase::Succeeded {
         st.outcome = match plan(&mut st, report, opts) {
             Ok(msg) => Outcome::new(Reason::Resolved, msg),
-            Err(e) => Outcome::from_error(&e),
+            Err(e) => Outcome::from(&e),
         };
     }
     Document::new(Kind::InstallPlan, spec, st)
@@ -269,7 +269,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
 
     let arch = match report.status.arch {
         Some(a) => a,
-        None => CpuArch::running()?,
+        None => crate::host::running_arch()?,
     };
     st.arch = Some(arch);
     st.warnings.extend(secure_boot_warning(report));

@@ -13,8 +13,6 @@
 
 use std::path::{Path, PathBuf};
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
 use crate::build::{self, BuildOptions, BuildResult};
 use crate::cache::CacheConfig;
@@ -25,6 +23,7 @@ use crate::fetch::{
     self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
 };
 use crate::host::{CpuArch, HostRoot, ModuleFlavor};
+use crate::hostfs::HostRootFs;
 use crate::install::{self, InstallOptions};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
@@ -205,7 +204,7 @@ pub fn detect(cfg: &Config) -> HostReport {
                 kernel_release_override: cfg.kernel_release.clone(),
                 arch_override: cfg.arch,
             },
-            Outcome::from_error(&e),
+            Outcome::from(&e),
         ),
     }
 }
@@ -226,7 +225,7 @@ pub fn resolve(cfg: &Config) -> InstallPlan {
             let report = detect_with(cfg, &catalog);
             resolve_with(cfg, &catalog, &report)
         }
-        Err(e) => resolve::plan_failed(resolve_spec(cfg), Outcome::from_error(&e)),
+        Err(e) => resolve::plan_failed(resolve_spec(cfg), Outcome::from(&e)),
     }
 }
 
@@ -271,7 +270,7 @@ fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
         fetch::fetch_package_failed(
             cfg.download.url.clone().unwrap_or_default(),
             &cfg.fetch_options(),
-            Outcome::from_error(e),
+            Outcome::from(e),
         )
     };
     let request = match (&cfg.download.url, plan) {
@@ -300,11 +299,7 @@ fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
 /// when there is a cache.
 fn fetch_request(cfg: &Config, request: &PackageRequest) -> FetchResult {
     let failed = |e: &Error| {
-        fetch::fetch_package_failed(
-            request.url.clone(),
-            &cfg.fetch_options(),
-            Outcome::from_error(e),
-        )
+        fetch::fetch_package_failed(request.url.clone(), &cfg.fetch_options(), Outcome::from(e))
     };
     let cache = match cfg.checked_cache() {
         Ok(c) => c,
@@ -400,16 +395,16 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
                 c
             });
         }
-        Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+        Err(e) => return build::build_failed(opts.spec(), Outcome::from(&e)),
     }
     match cfg.host_dir(BUILD_CACHE) {
         Ok(d) => opts.out_dir = d,
-        Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+        Err(e) => return build::build_failed(opts.spec(), Outcome::from(&e)),
     }
     if let Some(h) = &st.headers {
         match headers_for(cfg, h, &release, st.arch) {
             Ok(dir) => opts.headers = dir,
-            Err(e) => return build::build_failed(opts.spec(), Outcome::from_error(&e)),
+            Err(e) => return build::build_failed(opts.spec(), Outcome::from(&e)),
         }
     }
     build::build(&opts)
@@ -445,7 +440,7 @@ fn headers_for(
             // The node's architecture's index, not the builder's.
             source.architecture = match arch {
                 Some(a) => a,
-                None => CpuArch::running()?,
+                None => crate::host::running_arch()?,
             }
             .debian_name()
             .to_string();
@@ -529,11 +524,11 @@ pub fn run(cfg: &Config) -> RunResult {
     };
     let mut steps = Steps::new();
     if let Err(e) = check_install_flags(cfg) {
-        return steps.finish(spec, Some(Outcome::from_error(&e)));
+        return steps.finish(spec, Some(Outcome::from(&e)));
     }
     let catalog = match cfg.load_catalog() {
         Ok(c) => c,
-        Err(e) => return steps.finish(spec, Some(Outcome::from_error(&e))),
+        Err(e) => return steps.finish(spec, Some(Outcome::from(&e))),
     };
     let report = detect_with(cfg, &catalog);
     if !steps.push(Kind::HostReport, &report) {
@@ -604,11 +599,11 @@ pub fn prebuild(cfg: &Config, os_id: &str, os_version: &str) -> RunResult {
     let mut steps = Steps::new();
     let (kernel, arch) = match check_prebuild_flags(cfg, os_id, os_version) {
         Ok(t) => t,
-        Err(e) => return steps.finish(spec, Some(Outcome::from_error(&e))),
+        Err(e) => return steps.finish(spec, Some(Outcome::from(&e))),
     };
     let catalog = match cfg.load_catalog() {
         Ok(c) => c,
-        Err(e) => return steps.finish(spec, Some(Outcome::from_error(&e))),
+        Err(e) => return steps.finish(spec, Some(Outcome::from(&e))),
     };
     let detect_spec = DetectSpec {
         host_root: cfg.root.path().display().to_string(),
@@ -638,7 +633,7 @@ pub fn prebuild(cfg: &Config, os_id: &str, os_version: &str) -> RunResult {
             steps.set_built(b);
             steps.finish(spec, Some(Outcome::new(Reason::Built, message)))
         }
-        Err(e) => steps.finish(spec, Some(Outcome::from_error(&e))),
+        Err(e) => steps.finish(spec, Some(Outcome::from(&e))),
     }
 }
 
@@ -821,94 +816,9 @@ fn fabric_manager_archive(
     })
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RunSpec {
-    pub host_root: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub artifact: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub driver_version: Option<String>,
-    /// `prebuild`'s target, as given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<PrebuildTarget>,
-}
-
-/// The node a `prebuild` builds for: what such a node's os-release says
-/// (`gardenlinux` `1877.3`, `debian` `12`), its kernel and architecture.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PrebuildTarget {
-    pub os_id: String,
-    pub os_version: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kernel_release: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub arch: Option<CpuArch>,
-}
-
-/// One step's result, summarized; the full documents are logged on stderr.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Step {
-    pub kind: Kind,
-    pub phase: Phase,
-    pub reason: Reason,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RunStatus {
-    #[serde(flatten)]
-    pub outcome: Outcome,
-    /// What the install step loaded, when it succeeded: the operator writes
-    /// these onto the node without parsing step messages.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub installed: Option<Installed>,
-    /// What `prebuild` left in the artifact cache, when it succeeded: the
-    /// operator passes `artifactSha256` to the install Jobs
-    /// (`--artifact-sha256`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub built: Option<BuiltArtifact>,
-    pub steps: Vec<Step>,
-}
-
-/// An artifact in the cache, as `prebuild` stored (or found) it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BuiltArtifact {
-    pub driver_version: String,
-    pub flavor: ModuleFlavor,
-    pub kernel_release: String,
-    /// The modules' architecture (`x86_64`, `aarch64`).
-    pub arch: CpuArch,
-    /// The entry's path in the store, under the cache URL's prefix.
-    pub cache_key: String,
-    /// The sha256 of the stored artifact, as the entry's manifest records
-    /// it.
-    pub artifact_sha256: String,
-}
-
-/// The driver now in the kernel.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Installed {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub driver_version: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub flavor: Option<ModuleFlavor>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_release: Option<String>,
-}
-
-pub type RunResult = Document<RunSpec, RunStatus>;
-
-impl ResultDocument for RunResult {
-    fn outcome(&self) -> &Outcome {
-        &self.status.outcome
-    }
-}
+pub use gpu_driver_contract::run::{
+    BuiltArtifact, Installed, PrebuildTarget, RunResult, RunSpec, RunStatus, Step,
+};
 
 /// Collects steps; `push` says whether to go on.
 pub struct Steps {

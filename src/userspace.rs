@@ -25,11 +25,7 @@ pub const LD_SO_CONF: &str = "/etc/ld.so.conf.d/gpu-driver.conf";
 /// for a containerized driver's root filesystem.
 pub const RUN_NVIDIA_DRIVER: &str = "/run/nvidia/driver";
 
-/// Libraries, inside the artifact and the driver root: Debian's multiarch
-/// directory, which the container toolkit searches in a driver root.
-pub fn lib_dir() -> String {
-    format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH)
-}
+pub use gpu_driver_contract::layout::lib_dir;
 
 /// [`lib_dir`] of another architecture (a cross build's target).
 pub fn lib_dir_for(arch: CpuArch) -> String {

@@ -13,7 +13,7 @@ use crate::cuda::{self, CudaStatus};
 use crate::error::{Error, Result};
 use crate::host::{self, HostRoot, PciRole};
 use crate::install::DRIVERS_DIR;
-use crate::report::{Document, Kind, Outcome, Reason, ResultDocument};
+use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 
 /// The query verify runs; its CSV columns are what [`parse_smi_csv`] reads.
 pub const SMI_ARGS: &[&str] = &[
@@ -63,9 +63,9 @@ pub struct VerifyStatus {
 
 pub type VerifyResult = Document<VerifySpec, VerifyStatus>;
 
-impl ResultDocument for VerifyResult {
+impl StatusOutcome for VerifyStatus {
     fn outcome(&self) -> &Outcome {
-        &self.status.outcome
+        &self.outcome
     }
 }
 

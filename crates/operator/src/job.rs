@@ -1,0 +1,810 @@
+//! The Jobs the operator creates. One pod per Job, pinned to its node with
+//! `nodeName` (no scheduler decision, and no DaemonSet per kernel):
+//!
+//! - init container `copy-installer` (installer image, unprivileged): the
+//!   static installer copies itself into an emptyDir;
+//! - container `installer` (the node's builder image: headers and the
+//!   kernel's compiler): `gpu-driver-installer run` on the host through
+//!   `/proc/1/root` (hostPID), privileged because it loads kernel modules
+//!   and makes device nodes. It needs no other mount and no API access.
+//!
+//! Build Jobs (with a cache) are the other shape: scheduled onto any node
+//! of the target's architecture that tolerates them, not privileged, no
+//! hostPID, no host mount; `gpu-driver-installer prebuild` compiles for the
+//! target in its builder image and stores the artifact. Only they get the
+//! cache's write credentials (`cache.writeSecretName`); install Jobs get
+//! the read-only Secret (`cache.secretName`) and `--cache-read-only`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
+    PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvFromSource, PodSecurityContext, PodSpec,
+    PodTemplateSpec, SeccompProfile, SecretEnvSource, SecurityContext, Toleration, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use super::crd::GpuDriver;
+use super::decide::{JobRole, Target};
+use super::keys;
+use super::outcome::MAIN_CONTAINER;
+use gpu_driver_contract::report::Reason;
+
+/// Where the init container puts the installer inside the pod.
+pub const INSTALLER_DIR: &str = "/opt/gpu-driver";
+pub const INSTALLER_PATH: &str = "/opt/gpu-driver/gpu-driver-installer";
+/// The installer's path in the installer image (scratch).
+pub const INSTALLER_IN_IMAGE: &str = "/gpu-driver-installer";
+/// The Job pods' ServiceAccount: no RBAC bindings, token not mounted.
+pub const SERVICE_ACCOUNT: &str = "gpu-driver-installer";
+
+/// What the controller decided to run.
+#[derive(Debug, Clone)]
+pub struct JobRequest<'a> {
+    pub role: JobRole,
+    pub name: &'a str,
+    pub namespace: &'a str,
+    /// The node an install or detect Job is pinned to (empty for a build
+    /// Job: the scheduler places it).
+    pub node: &'a str,
+    /// The builder image (install, build) or the installer image (detect).
+    pub image: &'a str,
+    /// The desired-state key (install, detect) or the target key (build),
+    /// recorded on the Job.
+    pub key: &'a str,
+    /// Install: the sha256 the cached artifact must have (the build Job's).
+    pub expect_sha256: Option<&'a str>,
+    /// Install: may the node compile when the cache cannot serve it?
+    pub compile: bool,
+    /// Build: what to build for.
+    pub target: Option<&'a Target>,
+}
+
+impl<'a> JobRequest<'a> {
+    /// An install or detect Job for `node`.
+    pub fn node_job(
+        role: JobRole,
+        name: &'a str,
+        namespace: &'a str,
+        node: &'a str,
+        image: &'a str,
+        key: &'a str,
+    ) -> Self {
+        JobRequest {
+            role,
+            name,
+            namespace,
+            node,
+            image,
+            key,
+            expect_sha256: None,
+            compile: true,
+            target: None,
+        }
+    }
+
+    /// The build Job for `target`.
+    pub fn build(
+        name: &'a str,
+        namespace: &'a str,
+        image: &'a str,
+        key: &'a str,
+        target: &'a Target,
+    ) -> Self {
+        JobRequest {
+            role: JobRole::Build,
+            name,
+            namespace,
+            node: "",
+            image,
+            key,
+            expect_sha256: None,
+            compile: true,
+            target: Some(target),
+        }
+    }
+}
+
+fn owner(gd: &GpuDriver) -> Option<OwnerReference> {
+    // Cluster-scoped owner of namespaced Jobs: allowed, and deleting the
+    // GpuDriver garbage-collects its Jobs.
+    gd.controller_owner_ref(&())
+}
+
+/// Exit codes of the installer's reasons that a retry in the same Job
+/// cannot fix (usage, host, resolve, build, install, verify): the Job
+/// fails at once and the operator's own backoff decides. Fetch errors
+/// (12) and Internal (1) are retried within `backoffLimit`; NoGpu (3)
+/// ends the Job too (nothing to do).
+fn fail_job_codes() -> Vec<i32> {
+    let mut codes: Vec<i32> = Reason::ALL
+        .iter()
+        .map(|r| i32::from(r.exit_code()))
+        .filter(|c| ![0, 1, 12].contains(c))
+        .collect();
+    codes.sort_unstable();
+    codes.dedup();
+    codes
+}
+
+pub fn installer_args(gd: &GpuDriver, req: &JobRequest<'_>) -> Vec<String> {
+    let spec = &gd.spec;
+    // A build Job's root is its own image's: it never sees a host.
+    let host_root = if req.role == JobRole::Build {
+        "/"
+    } else {
+        "/proc/1/root"
+    };
+    let mut args: Vec<String> = ["--host-root", host_root, "--log-level", "info"]
+        .map(String::from)
+        .to_vec();
+    let driver = |args: &mut Vec<String>| {
+        args.extend(["--flavor".into(), spec.driver.flavor.as_str().into()]);
+        if let Some(v) = &spec.driver.version {
+            args.extend(["--driver-version".into(), v.clone()]);
+        }
+    };
+    let cache = |args: &mut Vec<String>| {
+        if let Some(c) = &spec.cache {
+            args.extend(["--cache-url".into(), c.url.clone()]);
+            if c.allow_http {
+                args.push("--allow-http".into());
+            }
+        }
+    };
+    match req.role {
+        JobRole::Detect => args.push("detect".into()),
+        JobRole::Install => {
+            args.push("run".into());
+            driver(&mut args);
+            cache(&mut args);
+            if spec.cache.is_some() {
+                args.push("--cache-read-only".into());
+                if let Some(sha) = req.expect_sha256 {
+                    args.extend(["--artifact-sha256".into(), sha.to_string()]);
+                }
+                if !req.compile {
+                    args.push("--no-compile".into());
+                }
+            }
+            args.extend(spec.extra_args.iter().cloned());
+        }
+        JobRole::Build => {
+            args.push("prebuild".into());
+            if let Some(t) = req.target {
+                let (id, version) = t.os_release();
+                args.extend([
+                    "--os-id".into(),
+                    id.into(),
+                    "--os-version".into(),
+                    version,
+                    "--kernel-release".into(),
+                    t.kernel.clone(),
+                    "--arch".into(),
+                    t.arch.clone(),
+                ]);
+            }
+            driver(&mut args);
+            cache(&mut args);
+        }
+    }
+    args
+}
+
+pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
+    let labels = labels(gd, req.role);
+    let annotations = if req.role == JobRole::Build {
+        BTreeMap::from([(keys::TARGET.to_string(), req.key.to_string())])
+    } else {
+        BTreeMap::from([
+            (keys::NODE.to_string(), req.node.to_string()),
+            (keys::KEY.to_string(), req.key.to_string()),
+        ])
+    };
+    let mut pod_annotations = gd.spec.pod_annotations.clone();
+    pod_annotations.extend(annotations.clone());
+    Job {
+        metadata: ObjectMeta {
+            name: Some(req.name.to_string()),
+            namespace: Some(req.namespace.to_string()),
+            labels: Some(labels.clone()),
+            annotations: Some(annotations),
+            owner_references: owner(gd).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: Some(pod_annotations),
+                    ..Default::default()
+                }),
+                spec: Some(pod_spec(gd, req)),
+            },
+            ..job_limits(gd, req.role)
+        }),
+        status: None,
+    }
+}
+
+/// The labels of the Job and its pod: managed-by, role, name, and the
+/// owning GpuDriver where its name fits a label value.
+fn labels(gd: &GpuDriver, role: JobRole) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (
+            keys::MANAGED_BY_LABEL.to_string(),
+            keys::MANAGED_BY.to_string(),
+        ),
+        (keys::ROLE_LABEL.to_string(), role.as_str().to_string()),
+        (
+            "app.kubernetes.io/name".to_string(),
+            "gpu-driver-installer".to_string(),
+        ),
+    ]);
+    if let Some(n) = gd.metadata.name.as_ref().filter(|n| n.len() <= 63) {
+        labels.insert(keys::OWNER_LABEL.to_string(), n.clone());
+    }
+    labels
+}
+
+/// Retries, deadlines, cleanup and the pod failure policy; the template is
+/// the caller's.
+fn job_limits(gd: &GpuDriver, role: JobRole) -> JobSpec {
+    let settings = &gd.spec.job;
+    JobSpec {
+        backoff_limit: Some(match role {
+            JobRole::Install | JobRole::Build => settings.backoff_limit,
+            JobRole::Detect => 1,
+        }),
+        active_deadline_seconds: Some(match role {
+            JobRole::Install | JobRole::Build => settings.active_deadline_seconds,
+            JobRole::Detect => 300,
+        }),
+        ttl_seconds_after_finished: Some(settings.ttl_seconds_after_finished),
+        pod_failure_policy: Some(pod_failure_policy()),
+        ..Default::default()
+    }
+}
+
+fn pod_failure_policy() -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![
+            PodFailurePolicyRule {
+                action: "FailJob".into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some(MAIN_CONTAINER.into()),
+                    operator: "In".into(),
+                    values: fail_job_codes(),
+                }),
+                ..Default::default()
+            },
+            // A drained or preempted node is not the Job's fault.
+            PodFailurePolicyRule {
+                action: "Ignore".into(),
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".into(),
+                    status: "True".into(),
+                }]),
+                ..Default::default()
+            },
+        ],
+    }
+}
+
+/// The emptyDir the init container fills and the installer runs from.
+const VOLUME: &str = "installer";
+
+fn pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
+    if req.role == JobRole::Build {
+        return build_pod_spec(gd, req);
+    }
+    let spec = &gd.spec;
+    PodSpec {
+        node_name: Some(req.node.to_string()),
+        host_pid: Some(true),
+        restart_policy: Some("Never".into()),
+        service_account_name: Some(SERVICE_ACCOUNT.into()),
+        automount_service_account_token: Some(false),
+        priority_class_name: Some("system-node-critical".into()),
+        tolerations: Some(tolerations(gd)),
+        image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+            .then(|| spec.image_pull_secrets.clone()),
+        init_containers: Some(vec![copy_container(gd)]),
+        containers: vec![installer_container(gd, req)],
+        volumes: Some(vec![Volume {
+            name: VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// Where `prebuild` keeps the package, the headers and the build tree:
+/// the build pod's root filesystem is read-only.
+const BUILD_CACHE_DIR: &str = "/var/cache/gpu-driver";
+const BUILD_SCRATCH: &str = "scratch";
+const BUILD_TMP: &str = "tmp";
+/// nobody: the build needs no privilege at all.
+const BUILD_UID: i64 = 65534;
+
+/// A build Job's pod: scheduled (no nodeName) onto a node of the target's
+/// architecture, no hostPID, no host mount, not privileged, non-root with
+/// every capability dropped; the installer is copied in as for installs.
+fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
+    let spec = &gd.spec;
+    let mut node_selector = spec.build.node_selector.clone();
+    if let Some(t) = req.target {
+        node_selector.insert("kubernetes.io/arch".into(), t.arch.clone());
+    }
+    let empty = |name: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    let main = Container {
+        name: MAIN_CONTAINER.into(),
+        image: Some(req.image.to_string()),
+        command: Some(vec![INSTALLER_PATH.into()]),
+        args: Some(installer_args(gd, req)),
+        env_from: secret_env(
+            spec.cache
+                .as_ref()
+                .and_then(|c| c.write_secret_name.clone()),
+        ),
+        volume_mounts: Some(vec![
+            mount(VOLUME, INSTALLER_DIR, true),
+            mount(BUILD_SCRATCH, BUILD_CACHE_DIR, false),
+            mount(BUILD_TMP, "/tmp", false),
+        ]),
+        security_context: Some(unprivileged()),
+        termination_message_path: Some("/dev/termination-log".into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    PodSpec {
+        node_selector: Some(node_selector),
+        host_pid: Some(false),
+        restart_policy: Some("Never".into()),
+        service_account_name: Some(SERVICE_ACCOUNT.into()),
+        automount_service_account_token: Some(false),
+        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+            .then(|| spec.image_pull_secrets.clone()),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(BUILD_UID),
+            run_as_group: Some(BUILD_UID),
+            fs_group: Some(BUILD_UID),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        init_containers: Some(vec![copy_container(gd)]),
+        containers: vec![main],
+        volumes: Some(vec![empty(VOLUME), empty(BUILD_SCRATCH), empty(BUILD_TMP)]),
+        ..Default::default()
+    }
+}
+
+/// Non-root, no privilege escalation, no capability, read-only root.
+fn unprivileged() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(BUILD_UID),
+        privileged: Some(false),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn tolerations(gd: &GpuDriver) -> Vec<Toleration> {
+    let spec = &gd.spec;
+    let mut tolerations: Vec<Toleration> = spec.tolerations.clone();
+    if let Some(t) = &spec.startup_taint {
+        tolerations.push(Toleration {
+            key: Some(t.clone()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        });
+    }
+    // The node is not "ready" for GPU workloads yet; the Job must run there
+    // anyway, and a NoExecute taint must not evict it half-way.
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
+        tolerations.push(Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        });
+    }
+    tolerations
+}
+
+/// Init container `copy-installer`: the static installer copies itself
+/// from the installer image into the emptyDir, unprivileged.
+fn copy_container(gd: &GpuDriver) -> Container {
+    Container {
+        name: "copy-installer".into(),
+        image: Some(gd.spec.installer_image.clone()),
+        command: Some(vec![
+            INSTALLER_IN_IMAGE.into(),
+            "copy-self".into(),
+            INSTALLER_PATH.into(),
+        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: VOLUME.into(),
+            mount_path: INSTALLER_DIR.into(),
+            ..Default::default()
+        }]),
+        security_context: Some(SecurityContext {
+            privileged: None,
+            ..unprivileged()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Container `installer`: the copied installer in the job's image (the
+/// builder image for install, the installer image for detect).
+fn installer_container(gd: &GpuDriver, req: &JobRequest<'_>) -> Container {
+    Container {
+        name: MAIN_CONTAINER.into(),
+        image: Some(req.image.to_string()),
+        command: Some(vec![INSTALLER_PATH.into()]),
+        args: Some(installer_args(gd, req)),
+        env_from: cache_credentials(gd, req.role),
+        volume_mounts: Some(vec![VolumeMount {
+            name: VOLUME.into(),
+            mount_path: INSTALLER_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        // finit_module, mknod and /dev/kmsg need it; detect only reads
+        // /proc/1/root, which hostPID and root already allow.
+        security_context: Some(SecurityContext {
+            privileged: Some(req.role == JobRole::Install),
+            ..Default::default()
+        }),
+        termination_message_path: Some("/dev/termination-log".into()),
+        // The installer writes its result there; if it crashed before that,
+        // the log tail is the next best thing.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    }
+}
+
+/// The cache's read-only credentials Secret as environment, for install
+/// Jobs only (detect never touches the cache; build Jobs get the write
+/// Secret instead).
+fn cache_credentials(gd: &GpuDriver, role: JobRole) -> Option<Vec<EnvFromSource>> {
+    secret_env(
+        gd.spec
+            .cache
+            .as_ref()
+            .and_then(|c| c.secret_name.clone())
+            .filter(|_| role == JobRole::Install),
+    )
+}
+
+fn secret_env(name: Option<String>) -> Option<Vec<EnvFromSource>> {
+    name.map(|name| {
+        vec![EnvFromSource {
+            secret_ref: Some(SecretEnvSource {
+                name,
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }]
+    })
+}
+
+/// The node's plan is not an install Job (no GPU, no builder image, …):
+/// nothing for `job-template` to print.
+#[derive(Debug, thiserror::Error)]
+pub enum NoJob {
+    #[error("no install Job for that node: {0:?}")]
+    Install(super::decide::Plan),
+    #[error(
+        "no build Job for OS {os:?}, kernel {kernel}: build Jobs serve Garden Linux and Debian \
+         targets that a builder image matches"
+    )]
+    Build { os: String, kernel: String },
+}
+
+/// Which Job `job-template` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TemplateKind {
+    Install,
+    Build,
+}
+
+/// The install or build Job for a made-up GPU node: what
+/// `deploy/job-template.yaml` and `deploy/build-job-template.yaml` show.
+pub fn example(
+    gd: &GpuDriver,
+    node: &str,
+    os_image: &str,
+    kernel: &str,
+    namespace: &str,
+    kind: TemplateKind,
+) -> Result<Job, NoJob> {
+    let facts = super::decide::NodeFacts {
+        name: node.to_string(),
+        kernel: kernel.to_string(),
+        os_image: os_image.to_string(),
+        boot_id: "00000000-0000-0000-0000-000000000000".to_string(),
+        arch: "amd64".to_string(),
+        labels: [(keys::NFD_NVIDIA_LABEL.to_string(), "true".to_string())].into(),
+        ..Default::default()
+    };
+    if kind == TemplateKind::Build {
+        let no = || NoJob::Build {
+            os: os_image.to_string(),
+            kernel: kernel.to_string(),
+        };
+        let target = Target::of_node(&facts).ok_or_else(no)?;
+        let image = super::decide::builder_image(&gd.spec.builder_images, &target.facts())
+            .ok_or_else(no)?;
+        let key = super::decide::target_key(&gd.spec, &target);
+        let name = super::decide::build_job_name(&target, &key, 0);
+        return Ok(build(
+            gd,
+            &JobRequest::build(&name, namespace, &image, &key, &target),
+        ));
+    }
+    match super::decide::plan(&gd.spec, &facts, 0) {
+        super::decide::Plan::Install {
+            job, image, key, ..
+        } => {
+            let mut req =
+                JobRequest::node_job(JobRole::Install, &job, namespace, node, &image, &key);
+            req.compile = gd.spec.build.compile_on_node;
+            Ok(build(gd, &req))
+        }
+        other => Err(NoJob::Install(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{CacheSpec, GpuDriverSpec};
+
+    fn gd() -> GpuDriver {
+        let mut gd = GpuDriver::new(
+            "default",
+            serde_json::from_value::<GpuDriverSpec>(serde_json::json!({
+                "builderImages": [{"image": "builder:1"}],
+                "installerImage": "installer:1",
+                "startupTaint": "gpu-driver.gardenlinux.io/not-ready",
+                "driver": {"version": "580.95.05", "flavor": "open"}
+            }))
+            .unwrap(),
+        );
+        gd.metadata.uid = Some("uid-1".into());
+        gd
+    }
+
+    #[test]
+    fn the_install_job_is_pinned_privileged_only_where_needed_and_owned() {
+        let mut g = gd();
+        g.spec.cache = Some(CacheSpec {
+            url: "s3://bucket/gpu".into(),
+            secret_name: Some("cache-creds".into()),
+            write_secret_name: Some("cache-writer".into()),
+            allow_http: true,
+        });
+        let job = build(
+            &g,
+            &JobRequest::node_job(
+                JobRole::Install,
+                "gpu-install-n1-abc",
+                "gpu-driver",
+                "n1",
+                "builder:1",
+                "k",
+            ),
+        );
+        let spec = job.spec.as_ref().unwrap();
+        let pod = spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.node_name.as_deref(), Some("n1"));
+        assert_eq!(pod.host_pid, Some(true));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let init = &pod.init_containers.as_ref().unwrap()[0];
+        assert_eq!(
+            init.security_context.as_ref().unwrap().run_as_non_root,
+            Some(true)
+        );
+        assert_eq!(init.image.as_deref(), Some("installer:1"));
+        let main = &pod.containers[0];
+        assert_eq!(main.image.as_deref(), Some("builder:1"));
+        assert_eq!(
+            main.security_context.as_ref().unwrap().privileged,
+            Some(true)
+        );
+        let args = main.args.as_ref().unwrap().join(" ");
+        assert!(
+            args.contains("--host-root /proc/1/root --log-level info run --flavor open --driver-version 580.95.05 --cache-url s3://bucket/gpu --allow-http"),
+            "{args}"
+        );
+        assert!(main.env_from.is_some());
+        // Only the emptyDir: no hostPath.
+        assert!(
+            pod.volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|v| v.host_path.is_none())
+        );
+        let o = &job.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((o.kind.as_str(), o.uid.as_str()), ("GpuDriver", "uid-1"));
+        assert!(spec.backoff_limit.is_some());
+        assert!(spec.active_deadline_seconds.is_some());
+        assert!(spec.ttl_seconds_after_finished.is_some());
+        let codes = &spec.pod_failure_policy.as_ref().unwrap().rules[0]
+            .on_exit_codes
+            .as_ref()
+            .unwrap()
+            .values;
+        assert!(codes.contains(&3) && codes.contains(&13) && !codes.contains(&12));
+        assert!(
+            pod.tolerations
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|t| t.key.as_deref() == Some("gpu-driver.gardenlinux.io/not-ready"))
+        );
+    }
+
+    #[test]
+    fn the_detect_job_is_not_privileged() {
+        let job = build(
+            &gd(),
+            &JobRequest::node_job(
+                JobRole::Detect,
+                "gpu-detect-n1-abc",
+                "gpu-driver",
+                "n1",
+                "installer:1",
+                "boot",
+            ),
+        );
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        let main = &pod.containers[0];
+        assert_eq!(
+            main.security_context.as_ref().unwrap().privileged,
+            Some(false)
+        );
+        assert!(
+            main.args
+                .as_ref()
+                .unwrap()
+                .ends_with(&["detect".to_string()])
+        );
+    }
+
+    #[test]
+    fn the_build_job_is_unprivileged_scheduled_and_alone_holds_the_write_secret() {
+        let mut g = gd();
+        g.spec.cache = Some(CacheSpec {
+            url: "s3://bucket/gpu".into(),
+            secret_name: Some("cache-reader".into()),
+            write_secret_name: Some("cache-writer".into()),
+            allow_http: false,
+        });
+        g.spec.extra_args = vec!["--peermem".into()];
+        let job = example(
+            &g,
+            "n1",
+            "Garden Linux 1877.3",
+            "6.12.44-cloud-amd64",
+            "gpu-driver",
+            TemplateKind::Build,
+        )
+        .unwrap();
+        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(pod.node_name, None, "scheduled, not pinned");
+        assert_eq!(pod.host_pid, Some(false));
+        assert_eq!(
+            pod.node_selector.as_ref().unwrap()["kubernetes.io/arch"],
+            "amd64"
+        );
+        assert!(
+            pod.volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|v| v.host_path.is_none() && v.empty_dir.is_some())
+        );
+        let psc = pod.security_context.as_ref().unwrap();
+        assert_eq!(psc.run_as_non_root, Some(true));
+        for c in pod
+            .containers
+            .iter()
+            .chain(pod.init_containers.iter().flatten())
+        {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_ne!(sc.privileged, Some(true), "{}", c.name);
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+            assert_eq!(
+                sc.capabilities.as_ref().unwrap().drop.as_deref(),
+                Some(&["ALL".to_string()][..])
+            );
+        }
+        let main = &pod.containers[0];
+        let secrets: Vec<&str> = main
+            .env_from
+            .iter()
+            .flatten()
+            .filter_map(|e| e.secret_ref.as_ref().map(|r| r.name.as_str()))
+            .collect();
+        assert_eq!(secrets, ["cache-writer"]);
+        let args = main.args.as_ref().unwrap().join(" ");
+        assert_eq!(
+            args,
+            "--host-root / --log-level info prebuild --os-id gardenlinux --os-version 1877.3 \
+             --kernel-release 6.12.44-cloud-amd64 --arch amd64 --flavor open \
+             --driver-version 580.95.05 --cache-url s3://bucket/gpu"
+        );
+        let labels = job.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[keys::ROLE_LABEL], "build");
+        assert!(
+            job.metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(keys::TARGET)
+        );
+
+        // The install Job: the read-only Secret only, and read-only cache use.
+        g.spec.build.compile_on_node = false;
+        let job = example(
+            &g,
+            "n1",
+            "Garden Linux 1877.3",
+            "6.12.44-cloud-amd64",
+            "gpu-driver",
+            TemplateKind::Install,
+        )
+        .unwrap();
+        let main = &job.spec.unwrap().template.spec.unwrap().containers[0];
+        let secrets: Vec<&str> = main
+            .env_from
+            .iter()
+            .flatten()
+            .filter_map(|e| e.secret_ref.as_ref().map(|r| r.name.as_str()))
+            .collect();
+        assert_eq!(secrets, ["cache-reader"]);
+        let args = main.args.as_ref().unwrap().join(" ");
+        assert!(
+            args.ends_with("--cache-url s3://bucket/gpu --cache-read-only --no-compile --peermem"),
+            "{args}"
+        );
+        // An OS without a build recipe has no build Job.
+        assert!(matches!(
+            example(&g, "n1", "Ubuntu 24.04", "6.8.0", "ns", TemplateKind::Build),
+            Err(NoJob::Build { .. })
+        ));
+    }
+}

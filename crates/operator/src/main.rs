@@ -1,0 +1,3 @@
+fn main() -> std::process::ExitCode {
+    gpu_driver_operator::cli::main()
+}

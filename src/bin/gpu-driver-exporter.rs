@@ -1,3 +1,0 @@
-fn main() -> std::process::ExitCode {
-    gpu_driver::exporter::cli::run()
-}

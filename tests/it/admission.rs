@@ -1,0 +1,378 @@
+//! The GpuDriver admission policy (deploy/admission-policy.yaml) in a real
+//! kube-apiserver (tests/support/cluster.rs). Whoever may write a GpuDriver
+//! is root on every node it selects; the policy holds GpuDrivers to the
+//! images, cache and installer flags the cluster owner allows. Without the
+//! policy the apiserver admits every GpuDriver below (checked first, so a
+//! policy that does nothing fails this test); with it, only the one with
+//! allowed, digest-pinned images and harmless flags, and each refusal
+//! carries the policy's reason. The owner's lists, edited the way
+//! docs/operator.md says, take effect. Fails (does not skip) under CI=true
+//! without the binaries.
+
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use crate::support::cluster::Cluster;
+
+const POLICY: &str = "gpudriver-sources.gpu-driver.gardenlinux.io";
+/// A new or edited policy is enforced asynchronously; this long at most.
+const SETTLE: Duration = Duration::from_secs(60);
+
+fn repo_file(p: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p)).unwrap()
+}
+
+/// `@sha256:` and 64 hex digits.
+fn digest() -> String {
+    format!("@sha256:{}", "0123456789abcdef".repeat(4))
+}
+
+fn builder() -> String {
+    format!(
+        "ghcr.io/gardenlinux/gardenlinux/kmodbuild:1877.3{}",
+        digest()
+    )
+}
+
+fn installer() -> String {
+    format!("ghcr.io/gardenlinux/gpu-driver-installer{}", digest())
+}
+
+fn gpudriver(name: &str, builder_image: &str, installer: &str, extra_args: &[&str]) -> Value {
+    json!({
+        "apiVersion": "gpu-driver.gardenlinux.io/v1alpha1",
+        "kind": "GpuDriver",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"pool": "gpu"},
+            "builderImages": [
+                {"gardenLinuxVersion": "1877", "image": builder_image},
+                {"image": builder()},
+            ],
+            "installerImage": installer,
+            "extraArgs": extra_args,
+        }
+    })
+}
+
+fn with_cache(mut gd: Value, cache: Value) -> Value {
+    gd["spec"]["cache"] = cache;
+    gd
+}
+
+/// `kubectl create --dry-run=server`: admission runs in full, nothing is
+/// stored. Ok(stdout) when admitted, Err(stderr) when refused.
+fn admit(c: &Cluster, obj: &Value) -> Result<String, String> {
+    let out = c.kubectl_output(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&obj.to_string()),
+    );
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Polls `check` until it returns Ok, for at most [`SETTLE`].
+fn eventually(what: &str, mut check: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(e) if Instant::now() > deadline => {
+                panic!("{what}: not within {SETTLE:?}: {e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}
+
+/// Refused by this policy, with every one of `want` in the message.
+fn assert_refused(c: &Cluster, name: &str, obj: &Value, want: &[String]) {
+    let err = match admit(c, obj) {
+        Ok(out) => panic!("{name}: admitted ({}): {obj}", out.trim()),
+        Err(e) => e,
+    };
+    let by_policy = format!("ValidatingAdmissionPolicy '{POLICY}'");
+    assert!(
+        err.contains(&by_policy),
+        "{name}: not refused by {POLICY}: {err}"
+    );
+    for w in want {
+        assert!(
+            err.contains(w.as_str()),
+            "{name}: message lacks {w:?}: {err}"
+        );
+    }
+}
+
+/// What the policy must refuse, and what its message must say.
+fn disallowed() -> Vec<(&'static str, Value, Vec<String>)> {
+    let d = digest();
+    let registry = |img: &str| {
+        vec![
+            format!("image {img} is not from an allowed registry"),
+            "run privileged on every node the GpuDriver selects".to_string(),
+            "must start with one of [ghcr.io/gardenlinux/]".to_string(),
+        ]
+    };
+    let unpinned = |img: &str| {
+        vec![
+            format!("image {img} is not pinned by digest"),
+            "a tag can be moved to other content".to_string(),
+        ]
+    };
+    let args = |arg: &str| {
+        vec![
+            format!("extraArgs {arg} refused"),
+            "may not change where the driver, the modules or the catalog come from".to_string(),
+        ]
+    };
+    let evil_builder = format!("docker.io/evil/kmodbuild{d}");
+    let lookalike = format!("ghcr.io/gardenlinux-evil/kmodbuild{d}");
+    let evil_installer = format!("quay.io/evil/gpu-driver-installer{d}");
+    let tagged = "ghcr.io/gardenlinux/gpu-driver-installer:0.1.0";
+    let latest = "ghcr.io/gardenlinux/gardenlinux/kmodbuild:latest";
+    let untagged = "ghcr.io/gardenlinux/gardenlinux/kmodbuild";
+    let url = "--url=https://evil.example/NVIDIA-Linux-x86_64-580.95.05.run";
+    let mut cases = vec![
+        (
+            "builder from another registry",
+            gpudriver("other-registry", &evil_builder, &installer(), &[]),
+            registry(&evil_builder),
+        ),
+        (
+            "builder from a look-alike prefix",
+            gpudriver("lookalike", &lookalike, &installer(), &[]),
+            registry(&lookalike),
+        ),
+        (
+            "installer from another registry",
+            gpudriver("other-installer", &builder(), &evil_installer, &[]),
+            registry(&evil_installer),
+        ),
+        (
+            "installer by tag, no digest",
+            gpudriver("tagged", &builder(), tagged, &[]),
+            unpinned(tagged),
+        ),
+        (
+            "builder :latest",
+            gpudriver("latest", latest, &installer(), &[]),
+            unpinned(latest),
+        ),
+        (
+            "builder untagged",
+            gpudriver("untagged", untagged, &installer(), &[]),
+            unpinned(untagged),
+        ),
+        (
+            "extraArgs --url=",
+            gpudriver("url", &builder(), &installer(), &["--peermem", url]),
+            args(url),
+        ),
+        (
+            "extraArgs --url URL",
+            gpudriver(
+                "url-separate",
+                &builder(),
+                &installer(),
+                &["--url", "https://evil.example/x.run"],
+            ),
+            args("--url"),
+        ),
+        (
+            "cache not allowed",
+            with_cache(
+                gpudriver("cache", &builder(), &installer(), &[]),
+                json!({"url": "s3://evil/modules"}),
+            ),
+            vec!["cache.url s3://evil/modules is not an allowed cache".to_string()],
+        ),
+    ];
+    // Every flag that moves where bytes come from or how they are trusted.
+    for flag in [
+        "--mirror",
+        "--sha256",
+        "--manifest",
+        "--allow-http",
+        "--ca-bundle",
+        "--apt-keyring",
+        "--catalog",
+        "--cache-url",
+        "--cache-dir",
+        "--artifact",
+        "--host-root",
+    ] {
+        let arg = format!("{flag}=x");
+        cases.push((
+            "extraArgs flag",
+            gpudriver(
+                &format!("flag{}", flag.replace('-', "")),
+                &builder(),
+                &installer(),
+                &[&arg],
+            ),
+            args(&arg),
+        ));
+    }
+    cases
+}
+
+/// `kubectl patch --type=json` of the owner's lists, as docs/operator.md
+/// shows it.
+fn set_owner_list(c: &Cluster, index: usize, expression: &str) {
+    let patch = json!([{
+        "op": "replace",
+        "path": format!("/spec/variables/{index}/expression"),
+        "value": expression,
+    }]);
+    c.kubectl(&[
+        "patch",
+        "validatingadmissionpolicy",
+        POLICY,
+        "--type=json",
+        "-p",
+        &patch.to_string(),
+    ]);
+}
+
+#[test]
+fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
+    let Some(c) = Cluster::start() else { return };
+    c.apply(&repo_file("deploy/namespace.yaml"));
+    c.apply(&repo_file("deploy/crd.yaml"));
+    c.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/gpudrivers.gpu-driver.gardenlinux.io",
+        "--timeout=60s",
+    ]);
+    let cases = disallowed();
+
+    // Without the policy, the apiserver admits all of them: the refusals
+    // below are the policy's doing.
+    for (name, obj, _) in &cases {
+        if let Err(e) = admit(&c, obj) {
+            panic!("{name}: refused without the policy: {e}");
+        }
+    }
+
+    c.apply(&repo_file("deploy/admission-policy.yaml"));
+    let (first, first_obj, _) = &cases[0];
+    eventually("the policy is enforced", || match admit(&c, first_obj) {
+        Ok(_) => Err(format!("{first} still admitted")),
+        Err(e) if e.contains(POLICY) => Ok(()),
+        Err(e) => Err(e),
+    });
+
+    for (name, obj, want) in &cases {
+        assert_refused(&c, name, obj, want);
+    }
+
+    // Allowed: allowed registry, pinned by digest (a tag may stay next to
+    // it), harmless flags. Created for real.
+    let ok = gpudriver(
+        "allowed",
+        &builder(),
+        &installer(),
+        &["--peermem", "--log-level=debug", "--retries", "5"],
+    );
+    c.apply(&ok.to_string());
+    // The operator's status writes are not held up by the policy.
+    c.kubectl(&[
+        "patch",
+        "gpudriver",
+        "allowed",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"gpuNodes":1}}"#,
+    ]);
+    // An update is checked like a create.
+    let out = c.kubectl_output(
+        &[
+            "patch",
+            "gpudriver",
+            "allowed",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"extraArgs":["--catalog=/tmp/catalog.toml"]}}"#,
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("extraArgs --catalog=/tmp/catalog.toml refused"),
+        "update with --catalog: {err}"
+    );
+
+    // The owner widens the lists; a prefix still ends at a "/".
+    let own = format!("registry.example.com/gpu-driver/builder-debian{}", digest());
+    let own_gd = gpudriver("own-registry", &own, &installer(), &[]);
+    let cache = json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "gpu-driver-cache"});
+    let cached = with_cache(gpudriver("cached", &builder(), &installer(), &[]), cache);
+    assert_refused(&c, "own registry, not yet allowed", &own_gd, &[]);
+    assert_refused(&c, "own cache, not yet allowed", &cached, &[]);
+    set_owner_list(
+        &c,
+        0,
+        "['ghcr.io/gardenlinux/', 'registry.example.com/gpu-driver']",
+    );
+    set_owner_list(&c, 1, "['s3://gpu-driver-cache/cluster-a']");
+    set_owner_list(&c, 2, "['gpu-driver-cache']");
+    eventually("the edited lists are enforced", || {
+        admit(&c, &own_gd)?;
+        admit(&c, &cached).map(|_| ())
+    });
+    let sibling = format!("registry.example.com/gpu-driver-other/builder{}", digest());
+    assert_refused(
+        &c,
+        "sibling of an allowed prefix",
+        &gpudriver("sibling", &sibling, &installer(), &[]),
+        &[format!("image {sibling} is not from an allowed registry")],
+    );
+    let other_bucket = with_cache(
+        gpudriver("other-bucket", &builder(), &installer(), &[]),
+        json!({"url": "s3://gpu-driver-cache/cluster-a-other"}),
+    );
+    assert_refused(
+        &c,
+        "cache sibling",
+        &other_bucket,
+        &["is not an allowed cache".to_string()],
+    );
+    let other_secret = with_cache(
+        gpudriver("other-secret", &builder(), &installer(), &[]),
+        json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "operator-token"}),
+    );
+    assert_refused(
+        &c,
+        "cache secret not allowed",
+        &other_secret,
+        &["cache.secretName operator-token is not an allowed Secret".to_string()],
+    );
+    let other_writer = with_cache(
+        gpudriver("other-writer", &builder(), &installer(), &[]),
+        json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "gpu-driver-cache",
+            "writeSecretName": "operator-token"}),
+    );
+    assert_refused(
+        &c,
+        "cache write secret not allowed",
+        &other_writer,
+        &["cache.writeSecretName operator-token is not an allowed Secret".to_string()],
+    );
+    let http = with_cache(
+        gpudriver("http-cache", &builder(), &installer(), &[]),
+        json!({"url": "s3://gpu-driver-cache/cluster-a", "allowHttp": true}),
+    );
+    assert_refused(
+        &c,
+        "plain-http cache",
+        &http,
+        &["cache.allowHttp".to_string()],
+    );
+}

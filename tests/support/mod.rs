@@ -1,3 +1,0 @@
-pub mod aptsign;
-pub mod cluster;
-pub mod http;
