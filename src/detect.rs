@@ -1,13 +1,9 @@
 //! `detect`: what this node is. Reads os-release, the kernel, PCI devices,
 //! loaded NVIDIA modules and Secure Boot through the host root.
 
-
-
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::host::{
-    self, CpuArch, HostRoot, OsInfo, PciRole,
-};
+use crate::host::{self, CpuArch, HostRoot, OsInfo, PciRole};
 use crate::report::{Document, Kind, Outcome, Reason};
 
 pub use gpu_driver_contract::detect::{DetectSpec, Gpu, HostReport, HostStatus};
@@ -31,7 +27,7 @@ pub fn detect(opts: &DetectOptions) -> HostReport {
         kernel_release_override: opts.kernel_release.clone(),
         arch_override: opts.arch,
     };
-    let mut status = HostStatus::new();
+    let mut status = HostStatus::unfinished();
     status.outcome = match fill(&mut status, opts) {
         Ok(()) => decide(&status, opts.catalog),
         Err(e) => Outcome::from(&e),
@@ -41,7 +37,7 @@ pub fn detect(opts: &DetectOptions) -> HostReport {
 
 /// A report that ended before detection could start (e.g. a bad catalog).
 pub fn detect_failed(spec: DetectSpec, outcome: Outcome) -> HostReport {
-    let mut status = HostStatus::new();
+    let mut status = HostStatus::unfinished();
     status.outcome = outcome;
     Document::new(Kind::HostReport, spec, status)
 }
@@ -69,7 +65,7 @@ pub fn target_report(
         variant_id: None,
         source: "--os-id, --os-version".into(),
     };
-    let mut status = HostStatus::new();
+    let mut status = HostStatus::unfinished();
     let supported = os_supported(catalog, &os);
     status.outcome = match check_os(catalog, &os) {
         Ok(()) => Outcome::new(

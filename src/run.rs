@@ -13,7 +13,6 @@
 
 use std::path::{Path, PathBuf};
 
-
 use crate::build::{self, BuildOptions, BuildResult};
 use crate::cache::CacheConfig;
 use crate::catalog::Catalog;

@@ -9,11 +9,10 @@
 //! docs/operator.md says, take effect. Fails (does not skip) under CI=true
 //! without the binaries.
 
-
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
 use crate::support::cluster::Cluster;
+use serde_json::{Value, json};
 
 const POLICY: &str = "gpudriver-sources.gpu-driver.gardenlinux.io";
 /// A new or edited policy is enforced asynchronously; this long at most.

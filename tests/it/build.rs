@@ -673,7 +673,10 @@ fn install_and_verify_real_user_space(
     let host = host_support::installable_host(tmp.path());
     let infos: Vec<_> = ["nvidia", "nvidia-uvm", "nvidia-modeset"]
         .iter()
-        .map(|m| gpu_driver_installer::modinfo::parse_modinfo(&files[&format!("modules/{m}.ko")]).unwrap())
+        .map(|m| {
+            gpu_driver_installer::modinfo::parse_modinfo(&files[&format!("modules/{m}.ko")])
+                .unwrap()
+        })
         .collect();
     let loaded: Vec<host_support::Loaded> = infos
         .iter()

@@ -346,7 +346,10 @@ fn the_target_architecture_is_the_headers_and_the_flag_must_agree() {
         target_arch(Some(CpuArch::Aarch64), &h).unwrap(),
         CpuArch::Aarch64
     );
-    assert_eq!(target_arch(None, &h).unwrap(), gpu_driver_installer::host::running_arch().unwrap());
+    assert_eq!(
+        target_arch(None, &h).unwrap(),
+        gpu_driver_installer::host::running_arch().unwrap()
+    );
 }
 
 // ---------------------------------------------------------------- headers

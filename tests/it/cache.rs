@@ -13,7 +13,6 @@
 //! get it, unless `GPU_DRIVER_SKIP_S3_TESTS=1` says to skip them; in CI
 //! (`CI=true`) they always fail.
 
-
 use std::fs;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -815,8 +814,9 @@ fn a_package_downloaded_elsewhere_is_stored_for_the_other_nodes() {
     let pkg = crate::support::http::bytes(50_000, 7);
     let sum = crate::support::http::sha256_hex(&pkg);
     let served = pkg.clone();
-    let server =
-        crate::support::http::Server::start(move |_| crate::support::http::Reply::Ranged(served.clone()));
+    let server = crate::support::http::Server::start(move |_| {
+        crate::support::http::Reply::Ranged(served.clone())
+    });
     let store = tempfile::tempdir().unwrap();
     let url = format!("file://{}", store.path().display());
     let fetch = |cache_dir: &Path| {
@@ -881,8 +881,9 @@ const TARGET: [&str; 8] = [
 fn package_server(fx: &Fixture) -> (crate::support::http::Server, String) {
     let tarball = fx.tarball();
     let sum = sha256(&tarball);
-    let server =
-        crate::support::http::Server::start(move |_| crate::support::http::Reply::Ranged(tarball.clone()));
+    let server = crate::support::http::Server::start(move |_| {
+        crate::support::http::Reply::Ranged(tarball.clone())
+    });
     (server, sum)
 }
 

@@ -9,18 +9,17 @@
 //! metrics the operator and the exporter export. Fails (does not skip) under
 //! CI=true without helm or the cluster binaries.
 
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
+use crate::support::cluster::Cluster;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PodSpec};
 use serde::Deserialize;
 use serde_json::Value as Json;
 use serde_yaml::Value;
-use crate::support::cluster::Cluster;
 
 const NS: &str = "gpu-driver";
 const CHART: &str = "charts/gpu-driver";

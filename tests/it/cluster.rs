@@ -5,11 +5,10 @@
 //! asked for, as the operator's installer Jobs will; the audit log records
 //! each write with its client.
 
-
 use std::time::Duration;
 
-use serde_json::Value;
 use crate::support::cluster::{Cluster, EXIT_CODE, JobPods, Options, TERMINATION_MESSAGE};
+use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(90);
 

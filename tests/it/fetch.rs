@@ -6,8 +6,8 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use serde_json::Value;
 use crate::support::http::{ConnectProxy, Reply, Request, Server, bytes, sha256_hex};
+use serde_json::Value;
 
 const PROXY_VARS: [&str; 8] = [
     "ALL_PROXY",

@@ -11,7 +11,6 @@
 //!
 //! The kbuild test compiles a module and needs `gcc` and `make`.
 
-
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
@@ -20,12 +19,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::aptsign::{self, TEST_FP, UNKNOWN_FP};
+use crate::support::http::{Reply, Server, sha256_hex};
 use gpu_driver_installer::Reason;
 use gpu_driver_installer::apt::{self, AptSource};
 use gpu_driver_installer::fetch::{FetchOptions, RetryPolicy, Timeouts};
 use gpu_driver_installer::headers::{HeadersTree, fetch_headers, fetch_headers_from};
-use crate::support::aptsign::{self, TEST_FP, UNKNOWN_FP};
-use crate::support::http::{Reply, Server, sha256_hex};
 
 const SUITE: &str = "bookworm";
 const INDEX_DIR: &str = "dists/bookworm/main/binary-amd64";
@@ -646,7 +645,10 @@ fn deb_reader_refuses_malformed_ar_archives() {
 // ------------------------------------------------------------- signatures
 
 /// Reads the index of `repo` with `source`'s keyring; the error.
-fn index_error(repo: Repo, source: impl Fn(&str) -> AptSource) -> (gpu_driver_installer::Error, Server) {
+fn index_error(
+    repo: Repo,
+    source: impl Fn(&str) -> AptSource,
+) -> (gpu_driver_installer::Error, Server) {
     let (server, _repo) = repo.serve();
     let cache = tempfile::tempdir().unwrap();
     let err = apt::read_index(

@@ -6,18 +6,17 @@
 //! (new bootID) and an OS upgrade (new osImage and kernel) reinstall. The operator runs in-process with a real kube
 //! client, authenticated as its own ServiceAccount (deploy/rbac.yaml). Fails (does not skip) under CI=true without the binaries.
 
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::cluster::{Cluster, EXIT_CODE, TERMINATION_MESSAGE};
+use gpu_driver_installer::report::{Outcome, Reason};
+use gpu_driver_installer::run::{BuiltArtifact, Installed, RunSpec, Steps};
 use gpu_driver_operator::controller::{self, Options};
 use gpu_driver_operator::keys;
 use gpu_driver_operator::leader;
 use gpu_driver_operator::metrics::Metrics;
-use gpu_driver_installer::report::{Outcome, Reason};
-use gpu_driver_installer::run::{BuiltArtifact, Installed, RunSpec, Steps};
 use serde_json::{Value, json};
-use crate::support::cluster::{Cluster, EXIT_CODE, TERMINATION_MESSAGE};
 
 const WAIT: Duration = Duration::from_secs(120);
 const NS: &str = "gpu-driver";
@@ -45,7 +44,11 @@ fn run_result(reason: Reason, message: &str) -> String {
         },
         Some(Outcome::new(reason, message)),
     );
-    gpu_driver_installer::report::termination_message(gpu_driver_installer::report::Kind::RunResult, &doc).unwrap()
+    gpu_driver_installer::report::termination_message(
+        gpu_driver_installer::report::Kind::RunResult,
+        &doc,
+    )
+    .unwrap()
 }
 
 fn gpudriver(name: &str, pool: &str, pod_annotations: Value) -> String {
@@ -573,7 +576,11 @@ fn host_report(fixture: &str) -> String {
         kernel_release: None,
         arch: None,
     });
-    gpu_driver_installer::report::termination_message(gpu_driver_installer::report::Kind::HostReport, &doc).unwrap()
+    gpu_driver_installer::report::termination_message(
+        gpu_driver_installer::report::Kind::HostReport,
+        &doc,
+    )
+    .unwrap()
 }
 
 fn free_port() -> u16 {
@@ -960,7 +967,11 @@ fn build_result(sha: &str, kernel: &str) -> String {
         },
         Some(Outcome::new(Reason::Built, "stored")),
     );
-    gpu_driver_installer::report::termination_message(gpu_driver_installer::report::Kind::RunResult, &doc).unwrap()
+    gpu_driver_installer::report::termination_message(
+        gpu_driver_installer::report::Kind::RunResult,
+        &doc,
+    )
+    .unwrap()
 }
 
 /// Jobs of `role` (install, build, detect) in the operator's namespace.

@@ -78,7 +78,7 @@ pub struct HostStatus {
 
 impl HostStatus {
     /// A status whose outcome says detection did not finish.
-    pub fn new() -> Self {
+    pub fn unfinished() -> Self {
         HostStatus {
             outcome: Outcome::new(Reason::Internal, "detection did not finish"),
             os: None,

@@ -22,7 +22,15 @@ pub fn exporter() -> PathBuf {
 fn build(name: &str) -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--locked", "--message-format=json", "-p", name, "--bin", name])
+        .args([
+            "build",
+            "--locked",
+            "--message-format=json",
+            "-p",
+            name,
+            "--bin",
+            name,
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap_or_else(|e| panic!("running cargo build -p {name}: {e}"));
