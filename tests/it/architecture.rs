@@ -1,7 +1,10 @@
-//! The shape docs/architecture.md describes, kept true: no import circle
-//! between the library's modules, no function in src/ longer than
-//! MAX_FN_LINES, and no `Result<_, String>` (a failure must keep its
-//! reason). Reads the sources; pure logic.
+//! The shape docs/architecture.md describes, kept true: the crates depend
+//! on each other only as the page says (the wire contract on nothing, the
+//! installer, operator and exporter on the contract alone), no import
+//! circle between a crate's modules, the page's module tables and the code
+//! agree both ways, clap only in the binaries' CLI modules, no function
+//! longer than MAX_FN_LINES, and no `Result<_, String>` (a failure must
+//! keep its reason). Reads the sources; pure logic.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -9,12 +12,35 @@ use std::path::{Path, PathBuf};
 
 const MAX_FN_LINES: usize = 120;
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+/// The workspace's crates: (package, source directory relative to the
+/// workspace root).
+const CRATES: &[(&str, &str)] = &[
+    ("gpu-driver-contract", "crates/contract/src"),
+    ("gpu-driver-installer", "src"),
+    ("gpu-driver-operator", "crates/operator/src"),
+    ("gpu-driver-exporter", "crates/exporter/src"),
+];
+
+/// Which sibling crates each crate may depend on.
+const ALLOWED_DEPS: &[(&str, &[&str])] = &[
+    ("gpu-driver-contract", &[]),
+    ("gpu-driver-installer", &["gpu-driver-contract"]),
+    ("gpu-driver-operator", &["gpu-driver-contract"]),
+    ("gpu-driver-exporter", &["gpu-driver-contract"]),
+];
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every .rs file under src/, with its text up to its unit tests.
-fn sources() -> Vec<(PathBuf, String)> {
+fn src_of(krate: &str) -> PathBuf {
+    let dir = CRATES.iter().find(|(c, _)| *c == krate).unwrap().1;
+    root().join(dir)
+}
+
+/// Every .rs file under a crate's source directory, with its text up to
+/// its unit tests.
+fn sources_of(krate: &str) -> Vec<(PathBuf, String)> {
     fn walk(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
         let mut entries: Vec<_> = fs::read_dir(dir)
             .unwrap()
@@ -32,14 +58,20 @@ fn sources() -> Vec<(PathBuf, String)> {
         }
     }
     let mut out = Vec::new();
-    walk(&src(), &mut out);
+    walk(&src_of(krate), &mut out);
     out
 }
 
-/// The top-level module a file belongs to (`src/operator/job.rs` →
-/// `operator`); lib.rs, main.rs and bin/ belong to none.
-fn module_of(path: &Path) -> Option<String> {
-    let rel = path.strip_prefix(src()).ok()?;
+/// Every crate's sources.
+fn sources() -> Vec<(PathBuf, String)> {
+    CRATES.iter().flat_map(|(c, _)| sources_of(c)).collect()
+}
+
+/// The top-level module a file of `krate` belongs to
+/// (`crates/operator/src/controller/upgrade.rs` → `controller`); lib.rs,
+/// main.rs and bin/ belong to none.
+fn module_of(krate: &str, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(src_of(krate)).ok()?;
     let first = rel
         .components()
         .next()?
@@ -52,43 +84,49 @@ fn module_of(path: &Path) -> Option<String> {
     }
 }
 
-/// Module → the modules it names as `crate::x` (in paths or `use crate::{x, …}`).
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
+/// The module names a piece of code names as `crate::x` (in paths or
+/// `use crate::{x, …}`), doc comments left out.
+fn crate_paths(code: &str) -> BTreeSet<String> {
+    // Doc links (`[`crate::x`]`) are not imports.
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut names = BTreeSet::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            for part in group.split(',') {
+                let name = part.trim().split("::").next().unwrap_or("").trim();
+                names.insert(name.to_string());
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// A crate's modules → the modules of the same crate each one uses.
+fn graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let files = sources();
+    let files = sources_of(krate);
     for (p, _) in &files {
-        if let Some(m) = module_of(p) {
+        if let Some(m) = module_of(krate, p) {
             g.entry(m).or_default();
         }
     }
     let known: BTreeSet<String> = g.keys().cloned().collect();
     for (p, code) in &files {
-        let Some(m) = module_of(p) else { continue };
-        // Doc links (`[`crate::x`]`) are not imports.
-        let code: String = code
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        let mut names = BTreeSet::new();
-        for (i, _) in code.match_indices("crate::") {
-            let rest = &code[i + "crate::".len()..];
-            if let Some(group) = rest.strip_prefix('{') {
-                let group = &group[..group.find('}').unwrap_or(group.len())];
-                for part in group.split(',') {
-                    let name = part.trim().split("::").next().unwrap_or("").trim();
-                    names.insert(name.to_string());
-                }
-            } else {
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                names.insert(name);
-            }
-        }
+        let Some(m) = module_of(krate, p) else { continue };
         let deps = g.entry(m.clone()).or_default();
-        for n in names {
+        for n in crate_paths(code) {
             if n != m && known.contains(&n) {
                 deps.insert(n);
             }
@@ -134,33 +172,122 @@ fn find_cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 
 #[test]
 fn no_import_circle_between_modules() {
-    let g = graph();
+    let g = graph("gpu-driver-installer");
     assert!(g.contains_key("run") && g.contains_key("artifact"), "{g:?}");
     assert!(
         g["cli"].contains("run"),
         "the CLI dispatches to run: {:?}",
         g["cli"]
     );
-    if let Some(c) = find_cycle(&g) {
-        panic!("import circle: {}", c.join(" -> "));
+    for (krate, _) in CRATES {
+        if let Some(c) = find_cycle(&graph(krate)) {
+            panic!("import circle in {krate}: {}", c.join(" -> "));
+        }
+    }
+}
+
+/// The sibling crates a crate's manifest depends on (normal and build
+/// dependencies; dev-dependencies may reach further, for tests).
+fn sibling_deps(krate: &str) -> BTreeSet<String> {
+    let dir = src_of(krate);
+    let manifest = fs::read_to_string(dir.parent().unwrap().join("Cargo.toml")).unwrap();
+    let doc: toml::Table = manifest.parse().unwrap();
+    ["dependencies", "build-dependencies"]
+        .iter()
+        .filter_map(|t| doc.get(*t).and_then(|v| v.as_table()))
+        .flat_map(|t| t.keys().cloned())
+        .filter(|k| CRATES.iter().any(|(c, _)| c == k))
+        .collect()
+}
+
+#[test]
+fn crates_depend_only_on_the_wire_contract() {
+    for (krate, allowed) in ALLOWED_DEPS {
+        let deps = sibling_deps(krate);
+        let allowed: BTreeSet<String> = allowed.iter().map(|s| s.to_string()).collect();
+        assert!(
+            deps.is_subset(&allowed),
+            "{krate} depends on {deps:?}; only {allowed:?} is allowed"
+        );
+        // Nor through a path in the code (a dev-dependency reached from src/).
+        for (p, code) in sources_of(krate) {
+            for (other, _) in CRATES.iter().filter(|(c, _)| c != krate) {
+                let name = format!("{}::", other.replace('-', "_"));
+                if code.contains(&name) && !allowed.contains(*other) {
+                    panic!("{} names {name}", p.display());
+                }
+            }
+        }
+    }
+}
+
+/// docs/architecture.md's module table of each crate: the rows under the
+/// heading that names the crate, module → the modules its "uses" column
+/// names.
+fn documented(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let page = fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut rows = BTreeMap::new();
+    let mut inside = false;
+    for line in page.lines() {
+        if line.starts_with('#') {
+            inside = line.contains(&format!("`{krate}`"));
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("| `").filter(|_| inside) else {
+            continue;
+        };
+        let module = rest.split('`').next().unwrap_or("").to_string();
+        let uses = line.trim_end_matches('|').rsplit('|').next().unwrap_or("");
+        let names = uses
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        rows.insert(module, names);
+    }
+    rows
+}
+
+#[test]
+fn the_architecture_page_and_the_code_agree_both_ways() {
+    for (krate, _) in CRATES {
+        let code = graph(krate);
+        let page = documented(krate);
+        let code_modules: BTreeSet<&String> = code.keys().collect();
+        let page_modules: BTreeSet<&String> = page.keys().collect();
+        assert_eq!(
+            code_modules, page_modules,
+            "docs/architecture.md's table for {krate} lists other modules than the code has"
+        );
+        for (m, deps) in &code {
+            // Everything uses the installer's `error` and `report`: the
+            // page leaves them out of the "uses" column.
+            let real: BTreeSet<&String> = deps
+                .iter()
+                .filter(|d| *d != "error" && *d != "report")
+                .collect();
+            let said: BTreeSet<&String> = page[m]
+                .iter()
+                .filter(|d| *d != "error" && *d != "report" && code.contains_key(*d))
+                .collect();
+            assert_eq!(
+                real, said,
+                "docs/architecture.md: {krate}'s module {m} uses {real:?}, its row says {said:?}"
+            );
+        }
     }
 }
 
 #[test]
-fn the_architecture_page_lists_every_module_and_its_uses() {
-    let page =
-        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md"))
-            .unwrap();
-    for (m, deps) in graph() {
-        let row = page
-            .lines()
-            .find(|l| l.starts_with(&format!("| `{m}` |")))
-            .unwrap_or_else(|| panic!("docs/architecture.md has no row for module {m}"));
-        let uses = row.rsplit('|').nth(1).unwrap_or("");
-        for d in deps.iter().filter(|d| *d != "error" && *d != "report") {
+fn clap_only_in_the_binaries_cli_modules() {
+    for (krate, _) in CRATES {
+        for (p, code) in sources_of(krate) {
+            let cli = module_of(krate, &p).is_none_or(|m| m == "cli");
             assert!(
-                uses.contains(&format!("`{d}`")),
-                "docs/architecture.md: {m} uses {d}, its row does not say so: {row}"
+                cli || !code.contains("clap::"),
+                "{} uses clap outside a CLI module",
+                p.display()
             );
         }
     }
