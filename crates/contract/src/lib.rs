@@ -15,4 +15,4 @@ pub mod report;
 pub mod run;
 pub mod text;
 
-pub use reason::{Phase, Reason, ReasonClass};
+pub use reason::{Failure, Phase, Reason, ReasonClass, Success};

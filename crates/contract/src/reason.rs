@@ -325,3 +325,121 @@ impl std::fmt::Display for Reason {
         f.write_str(self.as_str())
     }
 }
+
+/// [`Success`] and [`Failure`]: the two halves of [`Reason`], one variant
+/// per reason of that phase, so that a failure (the installer's `Error`)
+/// cannot carry a success reason, nor a success outcome a failure's. The
+/// match in [`Reason::split`] is exhaustive: a new reason must be put in
+/// one half or this does not compile.
+macro_rules! reason_halves {
+    (success: $($s:ident,)* ; failure: $($f:ident,)*) => {
+        /// The reasons a command succeeds with.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Success {
+            $($s,)*
+        }
+
+        /// The reasons a command stops short of success with: failures and
+        /// skips (`NoGpu`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Failure {
+            $($f,)*
+        }
+
+        impl From<Success> for Reason {
+            fn from(s: Success) -> Reason {
+                match s {
+                    $(Success::$s => Reason::$s,)*
+                }
+            }
+        }
+
+        impl From<Failure> for Reason {
+            fn from(f: Failure) -> Reason {
+                match f {
+                    $(Failure::$f => Reason::$f,)*
+                }
+            }
+        }
+
+        impl Reason {
+            /// Which half this reason is in.
+            pub fn split(self) -> Result<Success, Failure> {
+                match self {
+                    $(Reason::$s => Ok(Success::$s),)*
+                    $(Reason::$f => Err(Failure::$f),)*
+                }
+            }
+        }
+    };
+}
+
+reason_halves! {
+    success:
+        Detected, Resolved, Fetched, Built, Installed, AlreadyInstalled, Uninstalled, Verified,
+        CatalogChecked,
+    ;
+    failure:
+        NoGpu, UnsupportedOs, HostReadFailed, InvalidArgument, CatalogInvalid,
+        FlavorNotSupported, GpuNotSupported, IncompatibleKernel, DownloadFailed,
+        ChecksumMismatch, ChecksumMissing, SignatureInvalid, NotCached, InsecureUrl,
+        ArchiveInvalid, UnsafeArchive, KernelHeadersNotFound, KernelHeadersMismatch,
+        CompilerMissing, CompilerMismatch, InsufficientDisk, ProcNotMounted, KernelApiMismatch,
+        BuildFailed, ArtifactNotCached, CacheWriteFailed, NotRoot, ArtifactInvalid,
+        VermagicMismatch, ModuleLoadFailed, ModuleUnloadFailed, DriverInUse,
+        FabricManagerFailed, VerifyFailed, CudaCheckFailed, Internal,
+}
+
+impl Failure {
+    pub fn phase(self) -> Phase {
+        Reason::from(self).phase()
+    }
+
+    pub fn exit_code(self) -> u8 {
+        Reason::from(self).exit_code()
+    }
+
+    pub fn as_str(self) -> &'static str {
+        Reason::from(self).as_str()
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<Failure> for Reason {
+    fn eq(&self, other: &Failure) -> bool {
+        *self == Reason::from(*other)
+    }
+}
+
+impl PartialEq<Reason> for Failure {
+    fn eq(&self, other: &Reason) -> bool {
+        Reason::from(*self) == *other
+    }
+}
+
+#[cfg(test)]
+mod halves {
+    use super::*;
+
+    #[test]
+    fn every_reason_is_in_exactly_the_half_its_phase_says() {
+        for r in Reason::ALL {
+            match r.split() {
+                Ok(s) => {
+                    assert_eq!(r.phase(), Phase::Succeeded, "{r}");
+                    assert_eq!(Reason::from(s), *r);
+                }
+                Err(f) => {
+                    assert_ne!(r.phase(), Phase::Succeeded, "{r}");
+                    assert_eq!(Reason::from(f), *r);
+                    assert_eq!(f.exit_code(), r.exit_code());
+                }
+            }
+        }
+    }
+}

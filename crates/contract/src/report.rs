@@ -11,7 +11,7 @@ pub const API_VERSION: &str = "gpu-driver.gardenlinux.io/v1alpha1";
 /// Kubernetes truncates a container's termination message at 4096 bytes.
 pub const TERMINATION_LOG_LIMIT: usize = 4096;
 
-pub use crate::reason::{Phase, Reason, ReasonClass};
+pub use crate::reason::{Failure, Phase, Reason, ReasonClass, Success};
 
 /// `phase`, `reason` and `message`: flattened into every `status`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -23,7 +23,8 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
+    pub fn new(reason: impl Into<Reason>, message: impl Into<String>) -> Self {
+        let reason = reason.into();
         Outcome {
             phase: reason.phase(),
             reason,
