@@ -259,10 +259,10 @@ pub(super) fn fabric_manager_suffix(fm: &FabricManagerArchive) -> String {
 /// Renames the staging directory to the root `name`, unless an intact
 /// root of that name is in place already (placed before, maybe by a run
 /// that was killed later: kept, it may be in use). A damaged one is moved
-/// aside first.
+/// aside first. A staging directory not renamed goes when dropped.
 pub(super) fn rename_into_place(
     root: &HostRoot,
-    mut staging: Staging,
+    staging: &mut Staging,
     name: &str,
     manifest: &Manifest,
     with_fabric_manager: bool,

@@ -26,9 +26,13 @@ const WANTS_DIR: &str = "/etc/systemd/system/multi-user.target.wants";
 /// Lines of the unit's journal quoted in a failure.
 const JOURNAL_LINES: usize = 20;
 
+/// A daemon's unit that cannot be written or started: `FabricManagerFailed`
+/// (for persistenced the caller turns it into a note).
 fn failed(message: String) -> Error {
     Error::new(Reason::FabricManagerFailed, message)
 }
+
+// ------------------------------------------------------------ units
 
 /// Our unit for Fabric Manager: NVIDIA's (forking daemon, 240 s start
 /// timeout, core dumps kept) with paths into the current driver root, and

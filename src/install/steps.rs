@@ -273,7 +273,7 @@ fn stop_daemons(
 /// a complete root.
 fn place_root(
     run: &Run,
-    staging: Staging,
+    mut staging: Staging,
     manifest: &Manifest,
     st: &mut InstallStatus,
 ) -> Result<Placed> {
@@ -294,7 +294,7 @@ fn place_root(
     let host_dir = in_drivers(&name);
     let real_dir = staging.drivers.join(&name);
     let with_fm = fabric_manager.is_some();
-    roots::rename_into_place(run.root, staging, &name, manifest, with_fm, st)?;
+    roots::rename_into_place(run.root, &mut staging, &name, manifest, with_fm, st)?;
     crate::failpoint::hit("install:placed");
     st.driver_root = Some(host_dir.display().to_string());
     st.user_space = Some(user_space_status(has_user_space, &host_dir, files));
