@@ -126,7 +126,7 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         mount_ns: PathBuf,
         #[arg(value_enum)]
-        tool: crate::fabric::HostTool,
+        tool: crate::install::HostTool,
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -478,7 +478,7 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         } => {
             // First: setns refuses a process that has started threads.
             crate::userspace::enter_mount_namespace(mount_ns)?;
-            Err(crate::fabric::exec_host_tool(*tool, args))
+            Err(crate::install::exec_host_tool(*tool, args))
         }
         Command::CopySelf { dest } => {
             crate::files::copy_self(dest)?;
