@@ -312,11 +312,18 @@ fn functions(code: &str) -> Vec<(usize, String, usize)> {
     for (i, l) in lines.iter().enumerate() {
         let t = l.trim_start();
         let indent = &l[..l.len() - t.len()];
-        let sig = t
-            .trim_start_matches("pub(crate) ")
+        // Visibility (`pub`, `pub(crate)`, `pub(super)`, `pub(in …)`) and
+        // qualifiers before `fn`.
+        let mut sig = t;
+        if let Some(rest) = sig.strip_prefix("pub(") {
+            sig = rest.split_once(") ").map_or(rest, |(_, r)| r);
+        }
+        let sig = sig
             .trim_start_matches("pub ")
+            .trim_start_matches("const ")
             .trim_start_matches("async ")
-            .trim_start_matches("const ");
+            .trim_start_matches("unsafe ")
+            .trim_start_matches("extern \"C\" ");
         let Some(rest) = sig.strip_prefix("fn ") else {
             continue;
         };
@@ -358,6 +365,11 @@ fn the_length_check_measures_functions() {
     assert_eq!(
         functions(code),
         vec![(1, "a".to_string(), 3), (5, "b".to_string(), 4)]
+    );
+    let code = "pub(super) fn c() {\n}\npub(in crate::x) async fn d() {\n    y();\n}\n";
+    assert_eq!(
+        functions(code),
+        vec![(1, "c".to_string(), 2), (3, "d".to_string(), 3)]
     );
 }
 
