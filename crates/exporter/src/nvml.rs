@@ -60,7 +60,7 @@ pub enum LibChoice {
     Soname,
 }
 
-/// The driver root's `libnvidia-ml.so.1` (src/install.rs's `DRIVERS_DIR`
+/// The driver root's `libnvidia-ml.so.1` (the contract's `layout::DRIVERS_DIR`
 /// `current`), resolved inside the host root.
 pub fn driver_root_lib(root: &HostRoot) -> PathBuf {
     let rel = Path::new(gpu_driver_contract::layout::DRIVERS_DIR)
