@@ -43,7 +43,7 @@ pub use store::{CacheConfig, check_sha256_flag};
 /// The layout and entry format of the cache. Bumped when either changes
 /// (the build manifest's own version is part of the key as well), so that
 /// old and new installers never read each other's entries.
-pub const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 1;
 
 /// Default of `--cache-wait`: how long a builder waits for another one that
 /// holds the key's lease (a compile takes 2–5 minutes).
@@ -56,7 +56,7 @@ pub const DEFAULT_POLL_MS: u64 = 2000;
 /// How long a builder that created the lease waits before checking that
 /// the lease still names it (see [`Session::acquire_lease`]). Paid once per
 /// compile, which takes minutes.
-pub const LEASE_SETTLE: Duration = Duration::from_millis(1000);
+const LEASE_SETTLE: Duration = Duration::from_millis(1000);
 
 // ------------------------------------------------------------ the document
 

@@ -13,7 +13,7 @@ use crate::report::Reason;
 
 /// NVIDIA's redist archives sit under `.../redist/<component>/<platform>/`;
 /// their manifest is `.../redist/redistrib_<version>.json`.
-pub fn redistrib_manifest_url(url: &str) -> Option<String> {
+pub(super) fn redistrib_manifest_url(url: &str) -> Option<String> {
     let (base, rest) = url.split_once("/redist/")?;
     let file = file_name_of(rest);
     let version = file
@@ -90,7 +90,7 @@ pub fn find_checksum(
 
 /// Parses a `sha256sum`-style companion: `<hex>  <name>` (or just `<hex>`).
 /// With several lines, the one naming `file_name` wins.
-pub fn parse_sha256sum(text: &str, file_name: &str) -> Option<String> {
+fn parse_sha256sum(text: &str, file_name: &str) -> Option<String> {
     let mut only = None;
     for line in text.lines() {
         let mut parts = line.split_whitespace();
@@ -110,7 +110,7 @@ pub fn parse_sha256sum(text: &str, file_name: &str) -> Option<String> {
 
 /// Finds a file's sha256 in NVIDIA's `redistrib_<version>.json`: any object
 /// whose `relative_path` ends with `/<file_name>` (or equals it).
-pub fn sha256_from_redistrib(json: &str, file_name: &str) -> Option<String> {
+fn sha256_from_redistrib(json: &str, file_name: &str) -> Option<String> {
     fn walk(v: &serde_json::Value, file_name: &str) -> Option<String> {
         match v {
             serde_json::Value::Object(map) => {
@@ -133,7 +133,7 @@ pub fn sha256_from_redistrib(json: &str, file_name: &str) -> Option<String> {
 
 /// Downloads a small text (a checksum companion) with the same agent rules;
 /// at most 1 MiB.
-pub fn fetch_text(policy: &FetchPolicy, url: &str) -> Result<String> {
+fn fetch_text(policy: &FetchPolicy, url: &str) -> Result<String> {
     check_url(url, policy.allow_http)?;
     let agent = agent(policy)?;
     let mut last = None;

@@ -478,7 +478,7 @@ fn resumes(
 }
 
 /// `bytes 100-199/200` → 100.
-pub fn parse_content_range_start(v: &str) -> Option<u64> {
+fn parse_content_range_start(v: &str) -> Option<u64> {
     let rest = v.trim().strip_prefix("bytes")?.trim_start();
     rest.split('-').next()?.trim().parse().ok()
 }

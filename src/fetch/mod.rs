@@ -25,15 +25,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::report::Reason;
 
-pub use checksum::{
-    fetch_text, find_checksum, parse_sha256sum, redistrib_manifest_url, sha256_from_redistrib,
-};
+pub use checksum::find_checksum;
 pub use client::{agent, retryable_status};
 pub(crate) use client::{describe, describe_http_error};
-pub use download::{fetch, parse_content_range_start};
+pub use download::fetch;
 pub use step::{
     FetchResult, FetchSpec, FetchStatus, PackageRequest, fetch_package, fetch_package_failed,
-    file_name_of, mirror_url,
+    file_name_of,
 };
 
 /// When and how long to wait between attempts at one URL.

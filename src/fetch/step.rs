@@ -86,7 +86,7 @@ fn source_urls(req: &PackageRequest, file: &str) -> Result<Vec<String>> {
 
 /// A mirror is a URL prefix the file name is appended to, or a template
 /// with `{file}` and/or `{version}`.
-pub fn mirror_url(mirror: &str, file: &str, version: Option<&str>) -> Result<String> {
+fn mirror_url(mirror: &str, file: &str, version: Option<&str>) -> Result<String> {
     if mirror.contains("{version}") && version.is_none() {
         return Err(Error::new(
             Reason::InvalidArgument,
@@ -203,8 +203,8 @@ pub fn fetch_package(req: &PackageRequest, policy: FetchPolicy) -> FetchResult {
 
 #[cfg(test)]
 mod tests {
-    use super::super::redistrib_manifest_url;
     use super::*;
+    use crate::fetch::checksum::redistrib_manifest_url;
 
     #[test]
     fn mirrors_and_manifests() {
