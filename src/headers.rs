@@ -4,6 +4,8 @@
 //! `linux-kbuild-*`), downloaded verified and unpacked into a scratch root.
 //! Garden Linux's repository has the same layout as Debian's
 //! (`https://packages.gardenlinux.io/gardenlinux dists/<version>/main`).
+//! Also finds and inspects headers already installed on the host
+//! ([`installed_headers`], [`locate_headers`], [`inspect_headers`]).
 //! See `docs/headers.md`.
 
 use std::fs;

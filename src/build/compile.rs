@@ -156,7 +156,7 @@ fn is_error_line(l: &str) -> bool {
 }
 
 /// Classifies a failed compile from its log. Any error typical of a kernel
-/// interface change (see [`KERNEL_API_PATTERNS`]) makes it
+/// interface change (see `KERNEL_API_PATTERNS`) makes it
 /// [`Reason::KernelApiMismatch`]; everything else is
 /// [`Reason::BuildFailed`]. Both quote the first errors.
 pub fn classify_log(log: &str, tree: &Path) -> Failure {

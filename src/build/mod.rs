@@ -10,9 +10,14 @@
 //! 4. **package** the stripped modules, GSP firmware and a manifest into one
 //!    `.tar.zst`, written under a temporary name and renamed.
 //!
-//! External programs are run with [`Command`] and argument vectors, never
-//! through a shell; running them and parsing their output are separate
-//! functions so that the parsers are tested on captured outputs.
+//! Each step has its own submodule (`preflight`, `source`, `compile`,
+//! `package`); the result document is `result`'s, the cache lookup and the
+//! order of the steps are here.
+//!
+//! External programs are run with [`Command`](std::process::Command) and
+//! argument vectors, never through a shell; running them and parsing their
+//! output are separate functions so that the parsers are tested on
+//! captured outputs.
 
 mod compile;
 mod package;

@@ -158,7 +158,7 @@ fn add_user_space(
     Ok(files)
 }
 
-/// The `.ko` files the build produced, in [`KNOWN_MODULES`] order; `nvidia.ko`
+/// The `.ko` files the build produced, in `KNOWN_MODULES` order; `nvidia.ko`
 /// must be among them.
 pub fn collect_modules(tree: &Path) -> Result<Vec<PathBuf>> {
     let mut found: Vec<PathBuf> = KNOWN_MODULES

@@ -11,7 +11,7 @@ const MAX_REDIRECTS: usize = 5;
 
 /// The HTTP client (reqwest, blocking): TLS via rustls with ring (the
 /// bundled web roots, plus `ca_bundle`), one proxy from the environment
-/// ([`proxy_from_env`]), at most 5 redirects and never from HTTPS to plain
+/// (`proxy_from_env`), at most 5 redirects and never from HTTPS to plain
 /// HTTP, HTTPS only unless plain HTTP is allowed, no content decoding (the
 /// bytes hashed are the bytes served), status codes handled by us.
 ///
