@@ -22,7 +22,7 @@ use std::path::PathBuf;
 
 use crate::aptsig::{self, Builtin, Keyring, Rejected, Verified};
 use crate::error::{Error, Result};
-use crate::fetch::{self, FetchOptions};
+use crate::fetch::{self, FetchPolicy, FetchRequest};
 use crate::report::Reason;
 
 /// A Release file larger than this is not a Release file (Debian's main
@@ -241,11 +241,10 @@ impl Index {
 /// Reads the Release of `source` and the `Packages` index of each of its
 /// components, keeping the stanzas whose package name `keep` accepts (a
 /// full Debian index has ~60,000; keeping only the few needed keeps memory
-/// flat). The Packages files are fetched verified into `opts.cache_dir`;
-/// `opts.urls` and `opts.sha256` are ignored (each download sets its own).
+/// flat). The Packages files are fetched verified into `opts.cache_dir`.
 pub fn read_index(
     source: &AptSource,
-    opts: &FetchOptions,
+    opts: &FetchPolicy,
     keep: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Index> {
     let (release_url, release) = fetch_release(source, opts)?;
@@ -269,7 +268,7 @@ pub fn read_index(
 /// signature with the source's keyring and parses the signed text. Returns
 /// the URL used and the parsed Release. A signature that does not verify,
 /// or a Release without one, is `SignatureInvalid`.
-pub fn fetch_release(source: &AptSource, opts: &FetchOptions) -> Result<(String, Release)> {
+pub fn fetch_release(source: &AptSource, opts: &FetchPolicy) -> Result<(String, Release)> {
     if opts.offline {
         return Err(Error::new(
             Reason::NotCached,
@@ -381,7 +380,7 @@ pub fn fetch_packages(
     source: &AptSource,
     release: &Release,
     component: &str,
-    opts: &FetchOptions,
+    opts: &FetchPolicy,
     keep: &mut dyn FnMut(&str) -> bool,
 ) -> Result<(String, Vec<Package>)> {
     let dir = format!("{component}/binary-{}", source.architecture);
@@ -404,7 +403,7 @@ pub fn fetch_packages(
     let mut first_err: Option<Error> = None;
     for file in listed {
         let url = source.dists_url(&file.path);
-        let fetched = match fetch::fetch(&download_options(opts, &url, &file.sha256)) {
+        let fetched = match fetch::fetch(opts, &FetchRequest::new(&url, &file.sha256)) {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!("{url}: {}; trying the next index file", e.error);
@@ -434,25 +433,10 @@ pub fn fetch_packages(
     Err(first_err.unwrap_or_else(|| Error::new(Reason::DownloadFailed, "no index file")))
 }
 
-/// Options for one verified download, from the caller's template.
-pub fn download_options(base: &FetchOptions, url: &str, sha256: &str) -> FetchOptions {
-    FetchOptions {
-        urls: vec![url.to_string()],
-        sha256: sha256.to_string(),
-        cache_dir: base.cache_dir.clone(),
-        offline: base.offline,
-        allow_http: base.allow_http,
-        retry: base.retry,
-        timeouts: base.timeouts,
-        ca_bundle: base.ca_bundle.clone(),
-        progress_bar: base.progress_bar,
-    }
-}
-
 /// GETs a small file under the fetch policy (HTTPS unless allowed, retries
 /// on network errors, 408, 429 and 5xx). `None` on 404/410: the file does
 /// not exist, which for InRelease is normal.
-fn fetch_small(opts: &FetchOptions, url: &str) -> Result<Option<Vec<u8>>> {
+fn fetch_small(opts: &FetchPolicy, url: &str) -> Result<Option<Vec<u8>>> {
     fetch::check_url(url, opts.allow_http)?;
     let agent = fetch::agent(opts)?;
     let mut last = String::new();

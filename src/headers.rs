@@ -4,6 +4,8 @@
 //! `linux-kbuild-*`), downloaded verified and unpacked into a scratch root.
 //! Garden Linux's repository has the same layout as Debian's
 //! (`https://packages.gardenlinux.io/gardenlinux dists/<version>/main`).
+//! Also finds and inspects headers already installed on the host
+//! ([`installed_headers`], [`locate_headers`], [`inspect_headers`]).
 //! See `docs/headers.md`.
 
 use std::fs;
@@ -13,7 +15,7 @@ use std::path::{Component, Path, PathBuf};
 use crate::apt::{self, AptSource, Index, Package};
 use crate::deb;
 use crate::error::{Error, Result};
-use crate::fetch::{self, FetchOptions};
+use crate::fetch::{self, FetchPolicy, FetchRequest};
 use crate::host::{CpuArch, HostRoot};
 use crate::report::Reason;
 
@@ -58,8 +60,8 @@ fn is_build_dependency(name: &str) -> bool {
 
 /// Finds `linux-headers-<release>` in `repo`'s suite `suite` (component
 /// `main`, `amd64`), downloads it with the packages it needs (each verified
-/// against the index's sha256 and cached in `opts.cache_dir`; `opts.urls`
-/// and `opts.sha256` are ignored) and unpacks them into `scratch_root`,
+/// against the index's sha256 and cached in `opts.cache_dir`) and unpacks
+/// them into `scratch_root`,
 /// which must not exist or be an empty directory.
 ///
 /// Not in the index: `KernelHeadersNotFound` naming repository, suite and
@@ -70,7 +72,7 @@ pub fn fetch_headers(
     repo: &str,
     suite: &str,
     release: &str,
-    opts: &FetchOptions,
+    opts: &FetchPolicy,
     scratch_root: &Path,
 ) -> Result<HeadersTree> {
     fetch_headers_from(&AptSource::new(repo, suite), release, opts, scratch_root)
@@ -83,7 +85,7 @@ pub fn fetch_headers_for(
     suite: &str,
     arch: CpuArch,
     release: &str,
-    opts: &FetchOptions,
+    opts: &FetchPolicy,
     scratch_root: &Path,
 ) -> Result<HeadersTree> {
     let mut source = AptSource::new(repo, suite);
@@ -95,7 +97,7 @@ pub fn fetch_headers_for(
 pub fn fetch_headers_from(
     source: &AptSource,
     release: &str,
-    opts: &FetchOptions,
+    opts: &FetchPolicy,
     scratch_root: &Path,
 ) -> Result<HeadersTree> {
     if release.is_empty() || release.contains(['/', ' ']) {
@@ -109,9 +111,41 @@ pub fn fetch_headers_from(
         name.starts_with("linux-headers-") || name.starts_with("linux-kbuild-")
     })?;
     let wanted = select_packages(&index, release)?;
+    let debs = download_packages(source, &index, &wanted, opts)?;
+    let (arch_rel, common_rel) = unpack_into(&debs, release, scratch_root)?;
+    Ok(HeadersTree {
+        release: release.to_string(),
+        root: scratch_root.to_path_buf(),
+        arch_dir: scratch_root.join(&arch_rel),
+        common_dir: scratch_root.join(&common_rel),
+        packages: debs
+            .into_iter()
+            .map(|d| HeadersPackage {
+                name: d.package.name.clone(),
+                version: d.package.version.clone(),
+                sha256: d.sha256,
+            })
+            .collect(),
+    })
+}
 
+/// A package of the index, downloaded and verified.
+struct Downloaded<'a> {
+    package: &'a Package,
+    path: PathBuf,
+    sha256: String,
+}
+
+/// Downloads each package, verified against the index's sha256 (and size),
+/// into the package cache.
+fn download_packages<'a>(
+    source: &AptSource,
+    index: &Index,
+    wanted: &[&'a Package],
+    opts: &FetchPolicy,
+) -> Result<Vec<Downloaded<'a>>> {
     let mut debs = Vec::new();
-    for pkg in &wanted {
+    for pkg in wanted {
         let sha = pkg.sha256.clone().ok_or_else(|| {
             Error::new(
                 Reason::ChecksumMissing,
@@ -125,8 +159,7 @@ pub fn fetch_headers_from(
         })?;
         let url = source.pool_url(&pkg.filename);
         tracing::info!("fetching {} {} from {url}", pkg.name, pkg.version);
-        let fetched =
-            fetch::fetch(&apt::download_options(opts, &url, &sha)).map_err(|e| e.error)?;
+        let fetched = fetch::fetch(opts, &FetchRequest::new(&url, &sha)).map_err(|e| e.error)?;
         if let Some(size) = pkg.size
             && size != fetched.size
         {
@@ -139,11 +172,24 @@ pub fn fetch_headers_from(
                 ),
             ));
         }
-        debs.push((pkg, fetched.path, sha));
+        debs.push(Downloaded {
+            package: pkg,
+            path: fetched.path,
+            sha256: sha,
+        });
     }
+    Ok(debs)
+}
 
-    // Unpack beside the target and rename at the end, so a scratch root is
-    // always complete; the TempDir removes itself on any error.
+/// Unpacks the packages beside `scratch_root`, checks the tree and renames
+/// it into place, so a scratch root is always complete (the temporary
+/// directory removes itself on any error). Returns the arch and common
+/// directories, relative to the root.
+fn unpack_into(
+    debs: &[Downloaded<'_>],
+    release: &str,
+    scratch_root: &Path,
+) -> Result<(PathBuf, PathBuf)> {
     let parent = match scratch_root.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -157,12 +203,12 @@ pub fn fetch_headers_from(
         .prefix(&format!(".{name}.partial-"))
         .tempdir_in(parent)
         .map_err(|e| Error::io(LOCAL_IO, "creating a temporary directory in", parent, e))?;
-    for (pkg, path, _) in &debs {
-        let report = deb::unpack_data(path, tmp.path())?;
+    for d in debs {
+        let report = deb::unpack_data(&d.path, tmp.path())?;
         tracing::info!(
             "unpacked {} {} ({}, {} entries)",
-            pkg.name,
-            pkg.version,
+            d.package.name,
+            d.package.version,
             report.data_member,
             report.extract.entries
         );
@@ -170,8 +216,13 @@ pub fn fetch_headers_from(
     let arch_rel = PathBuf::from(format!("usr/src/linux-headers-{release}"));
     let common_rel = fix_makefile_includes(tmp.path(), &arch_rel)?;
     check_tree(tmp.path(), &arch_rel, &common_rel, release)?;
+    replace_scratch_root(tmp, scratch_root)?;
+    Ok((arch_rel, common_rel))
+}
 
-    // An empty directory (e.g. a fresh tempdir) is replaced.
+/// Renames the finished tree to `scratch_root`; an empty directory there
+/// (e.g. a fresh tempdir) is replaced.
+fn replace_scratch_root(tmp: tempfile::TempDir, scratch_root: &Path) -> Result<()> {
     if fs::symlink_metadata(scratch_root).is_ok() {
         fs::remove_dir(scratch_root)
             .map_err(|e| Error::io(LOCAL_IO, "removing the empty", scratch_root, e))?;
@@ -186,20 +237,7 @@ pub fn fetch_headers_from(
             e,
         ));
     }
-    Ok(HeadersTree {
-        release: release.to_string(),
-        root: scratch_root.to_path_buf(),
-        arch_dir: scratch_root.join(&arch_rel),
-        common_dir: scratch_root.join(&common_rel),
-        packages: debs
-            .into_iter()
-            .map(|(p, _, sha)| HeadersPackage {
-                name: p.name.clone(),
-                version: p.version.clone(),
-                sha256: sha,
-            })
-            .collect(),
-    })
+    Ok(())
 }
 
 fn check_scratch_root(dir: &Path) -> Result<()> {
@@ -409,6 +447,19 @@ fn check_tree(root: &Path, arch_rel: &Path, common_rel: &Path, release: &str) ->
     Ok(())
 }
 
+/// Headers installed on the host for `release`: `/usr/src/linux-headers-<rel>`
+/// or `/lib/modules/<rel>/build` (resolved inside the root), whichever holds
+/// a Makefile first. The path is the one we can open (root prefix included).
+pub fn installed_headers(root: &HostRoot, release: &str) -> Option<PathBuf> {
+    [
+        format!("/usr/src/linux-headers-{release}"),
+        format!("/lib/modules/{release}/build"),
+    ]
+    .iter()
+    .filter_map(|candidate| root.resolve(candidate))
+    .find(|found| found.join("Makefile").is_file())
+}
+
 /// The headers directory for `release`: `--headers` when given, else the
 /// installed headers under the host root (`/usr/src/linux-headers-<rel>`,
 /// `/lib/modules/<rel>/build`).
@@ -427,7 +478,7 @@ pub fn locate_headers(given: Option<&Path>, root: &HostRoot, release: &str) -> R
             .with_hint(hint))
         };
     }
-    crate::resolve::installed_headers(root, release).ok_or_else(|| {
+    installed_headers(root, release).ok_or_else(|| {
         Error::new(
             Reason::KernelHeadersNotFound,
             format!(

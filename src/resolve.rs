@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::catalog::{self, Architecture, Catalog};
 use crate::detect::{self, DetectOptions, Gpu, HostReport};
 use crate::error::{Error, Result};
+use crate::headers::installed_headers;
 use crate::host::{self, CpuArch, HostRoot, KernelVersion, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, StatusOutcome};
 
@@ -692,19 +693,6 @@ fn describe(g: &Gpu, a: Option<&Architecture>) -> String {
         a.map_or("unknown architecture", |a| a.name.as_str()),
         g.device_id
     )
-}
-
-/// Headers installed on the host for `release`: `/usr/src/linux-headers-<rel>`
-/// or `/lib/modules/<rel>/build` (resolved inside the root), whichever holds
-/// a Makefile first. The path is the one we can open (root prefix included).
-pub fn installed_headers(root: &HostRoot, release: &str) -> Option<std::path::PathBuf> {
-    [
-        format!("/usr/src/linux-headers-{release}"),
-        format!("/lib/modules/{release}/build"),
-    ]
-    .iter()
-    .filter_map(|candidate| root.resolve(candidate))
-    .find(|found| found.join("Makefile").is_file())
 }
 
 /// Headers already on the host first, then the OS's apt repository.

@@ -19,7 +19,7 @@ use crate::catalog::Catalog;
 use crate::detect::{self, DetectOptions, DetectSpec, HostReport};
 use crate::error::{Error, Result};
 use crate::fetch::{
-    self, ChecksumSource, FetchOptions, FetchResult, PackageRequest, RetryPolicy, Timeouts,
+    self, ChecksumSource, FetchPolicy, FetchResult, PackageRequest, RetryPolicy, Timeouts,
 };
 use crate::host::{CpuArch, HostRoot, ModuleFlavor};
 use crate::hostfs::HostRootFs;
@@ -133,11 +133,9 @@ impl Config {
     }
 
     /// The network policy shared by every download of a command.
-    pub fn fetch_options(&self) -> FetchOptions {
+    pub fn fetch_options(&self) -> FetchPolicy {
         let d = &self.download;
-        FetchOptions {
-            urls: Vec::new(),
-            sha256: String::new(),
+        FetchPolicy {
             cache_dir: d
                 .cache_dir
                 .clone()
@@ -154,7 +152,7 @@ impl Config {
     /// The fetch options with the package cache resolved: `--cache-dir` as
     /// given, else the host's package cache, created and resolved inside
     /// the host root (a link there never leads the download elsewhere).
-    fn confined_fetch_options(&self) -> Result<FetchOptions> {
+    fn confined_fetch_options(&self) -> Result<FetchPolicy> {
         let mut opts = self.fetch_options();
         if self.download.cache_dir.is_none() {
             opts.cache_dir = self.host_dir(PACKAGE_CACHE)?;

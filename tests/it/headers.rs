@@ -23,7 +23,7 @@ use crate::support::aptsign::{self, TEST_FP, UNKNOWN_FP};
 use crate::support::http::{Reply, Server, sha256_hex};
 use gpu_driver_installer::Reason;
 use gpu_driver_installer::apt::{self, AptSource};
-use gpu_driver_installer::fetch::{FetchOptions, RetryPolicy, Timeouts};
+use gpu_driver_installer::fetch::{FetchPolicy, FetchRequest, RetryPolicy, Timeouts};
 use gpu_driver_installer::headers::{HeadersTree, fetch_headers, fetch_headers_from};
 
 const SUITE: &str = "bookworm";
@@ -170,10 +170,8 @@ impl Repo {
     }
 }
 
-fn options(cache: &Path) -> FetchOptions {
-    FetchOptions {
-        urls: Vec::new(),
-        sha256: String::new(),
+fn options(cache: &Path) -> FetchPolicy {
+    FetchPolicy {
         cache_dir: cache.to_path_buf(),
         offline: false,
         allow_http: true,
@@ -340,8 +338,11 @@ fn real_headers_are_found_verified_and_unpacked() {
     for p in &tree.packages {
         let mut opts = options(cache.path());
         opts.offline = true;
-        opts.sha256 = p.sha256.clone();
-        let hit = gpu_driver_installer::fetch::fetch(&opts).unwrap();
+        let req = FetchRequest {
+            urls: Vec::new(),
+            sha256: p.sha256.clone(),
+        };
+        let hit = gpu_driver_installer::fetch::fetch(&opts, &req).unwrap();
         assert!(hit.cache_hit, "{}", p.name);
     }
 

@@ -1,0 +1,374 @@
+//! `build`: compiles NVIDIA's kernel modules against a kernel's headers and
+//! packages them. Steps, each with its own reasons (see `docs/build.md`):
+//!
+//! 1. **preflight**: `/proc`, headers present and for this release, tools
+//!    and compiler (the one the kernel was built with), free disk;
+//! 2. **extract** the package (`.run`, module-source tarball or directory)
+//!    with [`crate::extract`] and find the module tree of the flavor;
+//! 3. **compile** with NVIDIA's Makefile, the output streamed to a log;
+//!    a failure is classified from the compiler's errors;
+//! 4. **package** the stripped modules, GSP firmware and a manifest into one
+//!    `.tar.zst`, written under a temporary name and renamed.
+//!
+//! Each step has its own submodule (`preflight`, `source`, `compile`,
+//! `package`); the result document is `result`'s, the cache lookup and the
+//! order of the steps are here.
+//!
+//! External programs are run with [`Command`](std::process::Command) and
+//! argument vectors, never through a shell; running them and parsing their
+//! output are separate functions so that the parsers are tested on
+//! captured outputs.
+
+mod compile;
+mod package;
+mod preflight;
+mod result;
+mod source;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::artifact;
+use crate::error::{Error, Result};
+use crate::host::{CpuArch, HostRoot, ModuleFlavor};
+use crate::report::{Document, Kind, Outcome, Reason};
+
+pub use compile::{EXCERPT_LINES, Failure, classify_log, make_args};
+pub use package::{check_machine, check_vermagic, collect_modules};
+pub use preflight::{
+    CompilerMatch, Target, check_compiler, check_disk, check_proc, check_tools, choose_compiler,
+    compare_compilers, parse_version_first_line, target_arch,
+};
+pub use result::{
+    BuildResult, BuildSpec, BuildStatus, BuiltModule, CompilerUsed, HeadersUsed, Timings,
+};
+pub use source::{driver_version_of, find_firmware, parse_nv_version_string, parse_version_mk};
+
+use compile::compile;
+use package::package;
+use preflight::{Preflight, preflight};
+use source::extract_source;
+
+/// Free space the work directory needs. A compile of the open 535/550 trees
+/// peaks at about 950 MB (unstripped `nvidia.ko` alone is 184 MB, plus the
+/// objects and the extracted sources); twice that leaves room for larger
+/// future branches and for the packaging step.
+const MIN_FREE_DISK_BYTES: u64 = 2 << 30;
+
+/// What `build` is asked to do.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub source: PathBuf,
+    pub kernel_release: String,
+    /// `--headers`: the release's headers directory in our own filesystem.
+    pub headers: Option<PathBuf>,
+    /// Where installed headers are looked up when `headers` is not given.
+    pub root: HostRoot,
+    pub flavor: ModuleFlavor,
+    pub out_dir: PathBuf,
+    /// Default: `<out>/work-<flavor>-<release>`.
+    pub work_dir: Option<PathBuf>,
+    /// Keep the extracted and compiled tree (for debugging); the log is
+    /// always kept.
+    pub keep_work: bool,
+    pub jobs: usize,
+    pub driver_version: Option<String>,
+    /// `--arch`: the architecture to build for; `None` takes the headers'.
+    pub arch: Option<CpuArch>,
+    /// The artifact cache (`--cache-url`), already checked.
+    pub cache: Option<crate::cache::CacheConfig>,
+    /// `run --no-compile`: only the cache may supply the artifact; a build
+    /// it does not supply fails (`ArtifactNotCached`) instead of compiling.
+    pub no_compile: bool,
+}
+
+impl BuildOptions {
+    pub fn work_dir(&self) -> PathBuf {
+        self.work_dir.clone().unwrap_or_else(|| {
+            self.out_dir
+                .join(format!("work-{}-{}", self.flavor, self.kernel_release))
+        })
+    }
+
+    pub fn spec(&self) -> BuildSpec {
+        BuildSpec {
+            source: self.source.display().to_string(),
+            kernel_release: self.kernel_release.clone(),
+            headers: self.headers.as_ref().map(|p| p.display().to_string()),
+            flavor: self.flavor,
+            out_dir: self.out_dir.display().to_string(),
+            work_dir: self.work_dir().display().to_string(),
+            jobs: self.jobs,
+            driver_version: self.driver_version.clone(),
+            arch: self.arch,
+            host_root: self.root.path().display().to_string(),
+        }
+    }
+}
+
+/// A build that could not start (bad arguments, unreadable kernel release).
+pub fn build_failed(spec: BuildSpec, outcome: Outcome) -> BuildResult {
+    Document::new(Kind::BuildResult, spec, BuildStatus::new(outcome))
+}
+
+/// The whole `build` step, as a result document.
+/// An empty `kernel_release` means the host's running kernel; the cache
+/// configuration is checked first (a bad one is the caller's mistake).
+pub fn build(opts: &BuildOptions) -> BuildResult {
+    if let Some(Err(e)) = opts.cache.as_ref().map(crate::cache::CacheConfig::check) {
+        return build_failed(opts.spec(), Outcome::from(&e));
+    }
+    if opts.kernel_release.is_empty() {
+        return match crate::host::read_kernel_release(&opts.root) {
+            // An empty answer would send this call back to itself.
+            Ok(r) if r.is_empty() => build_failed(
+                opts.spec(),
+                Outcome::new(
+                    Reason::HostReadFailed,
+                    "the running kernel's release is empty",
+                ),
+            ),
+            Ok(r) => build(&BuildOptions {
+                kernel_release: r,
+                ..opts.clone()
+            }),
+            Err(e) => build_failed(opts.spec(), Outcome::from(&e)),
+        };
+    }
+    let mut status = BuildStatus::new(Outcome::new(Reason::Internal, "build did not finish"));
+    let mut session = opts.cache.as_ref().map(crate::cache::Session::start);
+    status.outcome = match run(opts, &mut status, session.as_mut()) {
+        Ok(message) => Outcome::new(Reason::Built, message),
+        Err(e) => Outcome::from(&e),
+    };
+    status.cache = Some(match session {
+        Some(s) => {
+            if s.seconds > 0.0 {
+                status.timings.cache_seconds = Some(seconds(Duration::from_secs_f64(s.seconds)));
+            }
+            let c = s.finish();
+            if !c.warnings.is_empty() && status.outcome.reason == Reason::Built {
+                status.outcome.message.push_str(&format!(
+                    " (cache {:?}: {})",
+                    c.outcome,
+                    c.warnings.join("; ")
+                ));
+            }
+            c
+        }
+        None => crate::cache::CacheStatus::disabled(),
+    });
+    Document::new(Kind::BuildResult, opts.spec(), status)
+}
+
+/// Failures of our own filesystem (work and output directories): not the
+/// package's, the headers' or the compiler's fault, so the closed list has
+/// nothing closer than Internal.
+const LOCAL_IO: Reason = Reason::Internal;
+
+fn run(
+    opts: &BuildOptions,
+    status: &mut BuildStatus,
+    mut cache: Option<&mut crate::cache::Session>,
+) -> Result<String> {
+    check_arguments(opts)?;
+    let _work_lock = claim_work_dir(&opts.work_dir())?;
+    let pre = preflight(opts, status)?;
+    // With the driver version known up front (`run` knows it from the
+    // plan), a cache hit skips extraction and compile alike.
+    if let (Some(session), Some(dv)) = (cache.as_deref_mut(), &opts.driver_version) {
+        if let Some(msg) = restore_from_cache(session, opts, dv, &pre, status) {
+            return Ok(msg);
+        }
+    }
+    // Refused before the source is even extracted when the lookup ran.
+    if cache
+        .as_deref()
+        .is_none_or(crate::cache::Session::looked_up)
+    {
+        refuse_compile(opts, cache.as_deref())?;
+    }
+    check_disk(&pre.work, MIN_FREE_DISK_BYTES)?;
+    let src = extract_source(opts, &pre.work, pre.target.arch, status)?;
+    if let Some(session) = cache.as_deref_mut() {
+        if !session.looked_up() {
+            let dv = src.driver_version.as_str();
+            if let Some(msg) = restore_from_cache(session, opts, dv, &pre, status) {
+                return Ok(msg);
+            }
+        }
+    }
+    refuse_compile(opts, cache.as_deref())?;
+    compile(opts, &pre, &src, status)?;
+    let (artifact, sha256, manifest) = package(opts, &pre, &src, status)?;
+    if let Some(session) = cache {
+        session.publish(&artifact, &sha256, &manifest);
+    }
+    drop(src.cleanup);
+    Ok(format!(
+        "built {} modules of NVIDIA {} ({}) for kernel {} into {}",
+        status.modules.len(),
+        src.driver_version,
+        opts.flavor,
+        opts.kernel_release,
+        artifact.display()
+    ))
+}
+
+/// `--no-compile`: past the cache lookup, a build fails instead of
+/// compiling (the session says why the cache did not supply it).
+fn refuse_compile(opts: &BuildOptions, cache: Option<&crate::cache::Session>) -> Result<()> {
+    if !opts.no_compile {
+        return Ok(());
+    }
+    Err(match cache {
+        Some(session) => session.not_cached_error(),
+        None => Error::new(
+            Reason::ArtifactNotCached,
+            "--no-compile without an artifact cache (--cache-url): nothing can supply the artifact",
+        )
+        .with_hint("pass --cache-url, or allow compiling on the node"),
+    })
+}
+
+fn check_arguments(opts: &BuildOptions) -> Result<()> {
+    check_release_name(&opts.kernel_release)?;
+    if let Some(v) = &opts.driver_version {
+        if !crate::host::is_driver_version(v) {
+            return Err(Error::new(
+                Reason::InvalidArgument,
+                format!("--driver-version {v:?} is not a driver version like 535.261.03"),
+            ));
+        }
+    }
+    if fs::symlink_metadata(&opts.source).is_err() {
+        return Err(Error::new(
+            Reason::InvalidArgument,
+            format!("--source {} does not exist", opts.source.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// Looks the build up in the cache; on a hit the verified artifact is in
+/// place, `status` describes it, and the message is returned.
+fn restore_from_cache(
+    session: &mut crate::cache::Session,
+    opts: &BuildOptions,
+    driver_version: &str,
+    pre: &Preflight,
+    status: &mut BuildStatus,
+) -> Option<String> {
+    let release = opts.kernel_release.as_str();
+    let key = crate::cache::CacheKey::new(
+        pre.target.arch,
+        release,
+        driver_version,
+        opts.flavor,
+        &pre.compiler.version,
+    );
+    let artifact = opts
+        .out_dir
+        .join(artifact::file_name(driver_version, opts.flavor, release));
+    let entry = session.lookup(key, &artifact)?;
+    status.driver_version = Some(driver_version.to_string());
+    status.artifact = Some(artifact.display().to_string());
+    status.artifact_sha256 = Some(entry.artifact_sha256.clone());
+    status.firmware = entry
+        .manifest
+        .firmware
+        .iter()
+        .map(|f| f.file.clone())
+        .collect();
+    status.modules = entry
+        .manifest
+        .modules
+        .iter()
+        .map(|m| BuiltModule {
+            name: m.name.clone(),
+            file: m.file.clone(),
+            vermagic: m.vermagic.clone(),
+            size_bytes: m.size_bytes,
+            sha256: m.sha256.clone(),
+        })
+        .collect();
+    Some(format!(
+        "restored {} modules of NVIDIA {driver_version} ({}) for kernel {release} from the cache {} ({} bytes, every sha256 verified; built by {} at {}) into {}; nothing compiled",
+        status.modules.len(),
+        opts.flavor,
+        session.status.url.as_deref().unwrap_or("?"),
+        session.status.bytes_downloaded,
+        entry.stored_by,
+        entry.stored_at,
+        artifact.display()
+    ))
+}
+
+/// Removes the extracted tree and staging area when the build ends, however
+/// it ends: they take up to a GiB. The log stays.
+struct Cleanup {
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for d in &self.dirs {
+            if let Err(e) = fs::remove_dir_all(d) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!("removing {}: {e}", d.display());
+                }
+            }
+        }
+    }
+}
+
+/// Takes the work directory's lock (two builds with one work directory
+/// would delete each other's trees) and, holding it, removes what a killed
+/// build left there: the extractor's temporaries (`.source.partial-*`,
+/// hundreds of MB each), which nothing else would ever remove and which
+/// would make the disk check fail. The lock is held until the build ends.
+fn claim_work_dir(work: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
+    fs::create_dir_all(work).map_err(|e| Error::io(LOCAL_IO, "creating", work, e))?;
+    let lock = crate::files::lock(&work.join(".lock"), LOCAL_IO)?;
+    let entries = fs::read_dir(work).map_err(|e| Error::io(LOCAL_IO, "listing", work, e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if crate::extract::is_partial_name(&name.to_string_lossy()) {
+            let path = entry.path();
+            tracing::info!("removing {} (left by a killed build)", path.display());
+            remove_dir_if_present(&path)?;
+        }
+    }
+    Ok(lock)
+}
+
+fn remove_dir_if_present(dir: &Path) -> Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(LOCAL_IO, "removing the earlier run's", dir, e)),
+    }
+}
+
+fn seconds(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+/// The release ends up in file names and make arguments: refuse anything
+/// that is not a plain release string.
+fn check_release_name(release: &str) -> Result<()> {
+    let ok = !release.is_empty()
+        && release.len() <= 128
+        && release
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '+' | '~'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Reason::InvalidArgument,
+            format!("kernel release {release:?} is not a release like 6.1.0-50-cloud-amd64"),
+        ))
+    }
+}

@@ -1,0 +1,251 @@
+//! An entry of the cache: its key, its `manifest.json`, and reading and
+//! verifying both with the artifact they name.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::store::{Downloaded, Store, describe};
+use super::{CacheStatus, FORMAT_VERSION};
+use crate::artifact::{MANIFEST_VERSION, Manifest};
+use crate::error::{Error, Result};
+use crate::host::{CpuArch, ModuleFlavor};
+use crate::report::Reason;
+
+/// Everything that makes two artifacts interchangeable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheKey {
+    pub arch: String,
+    pub kernel_release: String,
+    pub driver_version: String,
+    pub flavor: ModuleFlavor,
+    /// The builder's identity: the first line of `<cc> --version`.
+    pub compiler: String,
+    /// `<cache format>.<manifest version>`.
+    pub format: String,
+}
+
+impl CacheKey {
+    /// `arch` is the modules' architecture (a cross build's target, not
+    /// the builder's).
+    pub fn new(
+        arch: CpuArch,
+        kernel_release: &str,
+        driver_version: &str,
+        flavor: ModuleFlavor,
+        compiler: &str,
+    ) -> Self {
+        CacheKey {
+            arch: arch.nvidia_name().to_string(),
+            kernel_release: kernel_release.to_string(),
+            driver_version: driver_version.to_string(),
+            flavor,
+            compiler: compiler.to_string(),
+            format: format!("{FORMAT_VERSION}.{MANIFEST_VERSION}"),
+        }
+    }
+
+    /// The entry's directory under the store's prefix. The compiler string
+    /// (spaces, parentheses) is hashed; the entry's manifest holds it whole.
+    pub fn path(&self) -> String {
+        let cc = hex::encode(Sha256::digest(self.compiler.as_bytes()));
+        format!(
+            "artifacts/v{}/{}/{}/{}/{}/cc-{}",
+            self.format,
+            self.arch,
+            self.kernel_release,
+            self.driver_version,
+            self.flavor,
+            &cc[..16]
+        )
+    }
+}
+
+/// `manifest.json` of an entry: the key, the artifact object and its
+/// sha256, and the build manifest with the sha256 of every file inside.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredEntry {
+    pub key: CacheKey,
+    /// Object name of the artifact, relative to the entry's directory.
+    pub artifact: String,
+    pub artifact_sha256: String,
+    pub artifact_size_bytes: u64,
+    pub stored_at: String,
+    pub stored_by: String,
+    pub manifest: Manifest,
+}
+
+/// What reading an entry found.
+pub(super) enum Found {
+    Hit(Box<StoredEntry>),
+    Miss,
+    Corrupt(String),
+    /// A complete entry whose artifact sha256 is not `--artifact-sha256`:
+    /// the sha256 it has.
+    Unexpected(String),
+    Unavailable(String),
+}
+
+/// Reads and verifies the entry; on success the artifact is at `artifact`.
+pub(super) fn read_entry(
+    store: &Store,
+    key: &CacheKey,
+    dir: &str,
+    artifact: &Path,
+    expected_sha256: Option<&str>,
+    status: &mut CacheStatus,
+) -> Found {
+    let manifest = match store.get(&format!("{dir}/manifest.json")) {
+        Ok(Some((bytes, _))) => bytes,
+        Ok(None) => return Found::Miss,
+        Err(e) => return Found::Unavailable(describe(&e)),
+    };
+    status.bytes_downloaded += manifest.len() as u64;
+    let entry: StoredEntry = match serde_json::from_slice(&manifest) {
+        Ok(e) => e,
+        Err(e) => {
+            return Found::Corrupt(format!(
+                "manifest.json ({} bytes) is not a valid entry: {e}",
+                manifest.len()
+            ));
+        }
+    };
+    if &entry.key != key {
+        return Found::Corrupt(format!(
+            "manifest.json is for another key ({:?})",
+            entry.key
+        ));
+    }
+    if entry.artifact.contains('/') || !entry.artifact.ends_with(".tar.zst") {
+        return Found::Corrupt(format!("manifest.json names artifact {:?}", entry.artifact));
+    }
+    // Refused before the download: the artifact is checked against the
+    // manifest's sha256 below, so the manifest's must be the expected one.
+    if let Some(expected) = expected_sha256 {
+        if !entry.artifact_sha256.eq_ignore_ascii_case(expected) {
+            return Found::Unexpected(entry.artifact_sha256);
+        }
+    }
+    if entry.artifact_size_bytes > MAX_ARTIFACT_BYTES {
+        return Found::Corrupt(format!(
+            "{} claims {} bytes, more than an artifact may have",
+            entry.artifact, entry.artifact_size_bytes
+        ));
+    }
+    let parent = match artifact.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let rel = format!("{dir}/{}", entry.artifact);
+    let got = match store.get_to_file(&rel, parent, entry.artifact_size_bytes) {
+        Ok(Some(d)) => d,
+        Ok(None) => return Found::Corrupt(format!("{} is missing", entry.artifact)),
+        Err(e) if e.reason == Reason::ArtifactInvalid => return Found::Corrupt(e.message),
+        Err(e) => return Found::Unavailable(e.message),
+    };
+    status.bytes_downloaded += got.size;
+    if let Err(e) = verify_artifact(&got, &entry) {
+        return Found::Corrupt(e.message);
+    }
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o644);
+    if let Err(e) = std::fs::set_permissions(got.file.path(), mode) {
+        return Found::Unavailable(format!(
+            "setting permissions of {}: {e}",
+            got.file.path().display()
+        ));
+    }
+    if let Err(e) = got.file.persist(artifact) {
+        return Found::Unavailable(format!("renaming into {}: {}", artifact.display(), e.error));
+    }
+    Found::Hit(Box::new(entry))
+}
+
+/// The largest artifact a cache entry may name (modules and user space of
+/// one driver are a few hundred MiB).
+const MAX_ARTIFACT_BYTES: u64 = 4 << 30;
+
+/// The artifact's size and sha256 against the entry, its modules' vermagic
+/// against the key, then every file inside against the build manifest
+/// (the artifact module's check, streamed from the downloaded file).
+fn verify_artifact(got: &Downloaded, entry: &StoredEntry) -> Result<()> {
+    let corrupt = |m: String| Error::new(Reason::ArtifactInvalid, m);
+    if got.size != entry.artifact_size_bytes {
+        return Err(corrupt(format!(
+            "{} is truncated or padded: {} bytes, the manifest says {}",
+            entry.artifact, got.size, entry.artifact_size_bytes
+        )));
+    }
+    if got.sha256 != entry.artifact_sha256 {
+        return Err(corrupt(format!(
+            "{} has sha256 {}, the manifest says {}",
+            entry.artifact, got.sha256, entry.artifact_sha256
+        )));
+    }
+    if !entry
+        .manifest
+        .modules
+        .iter()
+        .any(|m| m.file == "modules/nvidia.ko")
+    {
+        return Err(corrupt("the manifest lists no modules/nvidia.ko".into()));
+    }
+    for m in &entry.manifest.modules {
+        if m.vermagic.split_whitespace().next() != Some(entry.key.kernel_release.as_str()) {
+            return Err(corrupt(format!(
+                "{} has vermagic {:?}, not for kernel {}",
+                m.file, m.vermagic, entry.key.kernel_release
+            )));
+        }
+    }
+    let file = std::fs::File::open(got.file.path())
+        .map_err(|e| Error::io(Reason::Internal, "reading", got.file.path(), e))?;
+    crate::artifact::check_reader(std::io::BufReader::new(file), &entry.manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_path_covers_every_part() {
+        let k = CacheKey::new(
+            CpuArch::X86_64,
+            "6.1.0-50-cloud-amd64",
+            "535.261.03",
+            ModuleFlavor::Open,
+            "gcc (Debian 12.2.0-14) 12.2.0",
+        );
+        let p = k.path();
+        assert!(p.starts_with(&format!("artifacts/v{FORMAT_VERSION}.{MANIFEST_VERSION}/")));
+        assert!(p.contains("/x86_64/"), "{p}");
+        assert!(p.contains("/6.1.0-50-cloud-amd64/535.261.03/open/cc-"));
+        let other_cc = CacheKey::new(
+            CpuArch::X86_64,
+            "6.1.0-50-cloud-amd64",
+            "535.261.03",
+            ModuleFlavor::Open,
+            "gcc (Debian 12.2.0-14+deb12u1) 12.2.0",
+        );
+        assert_ne!(p, other_cc.path());
+        let other_flavor = CacheKey::new(
+            CpuArch::X86_64,
+            "6.1.0-50-cloud-amd64",
+            "535.261.03",
+            ModuleFlavor::Proprietary,
+            "gcc (Debian 12.2.0-14) 12.2.0",
+        );
+        assert_ne!(p, other_flavor.path());
+        // A cross build's modules are keyed by their architecture.
+        let arm = CacheKey::new(
+            CpuArch::Aarch64,
+            "6.1.0-50-cloud-amd64",
+            "535.261.03",
+            ModuleFlavor::Open,
+            "gcc (Debian 12.2.0-14) 12.2.0",
+        );
+        assert!(arm.path().contains("/aarch64/"), "{}", arm.path());
+    }
+}

@@ -1,0 +1,265 @@
+//! `fetch`: get a package onto the node without ever trusting a corrupt or
+//! tampered byte. Streams into `<sha256>.partial` while hashing, verifies,
+//! fsyncs and renames; resumes with `Range` when the server honours it;
+//! retries with an explicit backoff policy; tries mirrors in order; a
+//! verified cache hit needs no network at all.
+//!
+//! The download engine ([`fetch`]: the HTTP client, retries and backoff,
+//! `Range` resume, the package cache's partial → verify → rename) takes a
+//! [`FetchPolicy`] (how to download) and a [`FetchRequest`] (what); the
+//! `fetch` step ([`fetch_package`]) turns a [`PackageRequest`] into a
+//! [`FetchResult`] document, finding the checksum and the mirrors' URLs.
+
+mod checksum;
+mod client;
+mod download;
+mod step;
+mod stream;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::report::Reason;
+
+pub use checksum::find_checksum;
+pub use client::{agent, retryable_status};
+pub(crate) use client::{describe, describe_http_error};
+pub use download::fetch;
+pub use step::{
+    FetchResult, FetchSpec, FetchStatus, PackageRequest, fetch_package, fetch_package_failed,
+    file_name_of,
+};
+
+/// When and how long to wait between attempts at one URL.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt, per URL.
+    pub retries: u32,
+    /// Wait before the first retry; doubles each time.
+    pub initial_backoff: Duration,
+    /// Upper bound of any single wait, also of a server's Retry-After.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            retries: 4,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Wait before retry number `retry` (1-based): initial × 2^(retry-1),
+    /// capped; a server's Retry-After replaces it, within the same cap.
+    pub fn backoff(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+        let exp = self
+            .initial_backoff
+            .saturating_mul(1u32 << retry.saturating_sub(1).min(16));
+        retry_after.unwrap_or(exp).min(self.max_backoff)
+    }
+}
+
+/// The bounds of one download: time per request and per read, time for
+/// the whole fetch, and its size.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub connect: Duration,
+    /// Longest wait for the response head or for any single read of the body.
+    pub read: Duration,
+    /// The whole fetch, every source, retry and backoff included: a server
+    /// that sends one byte just inside each read timeout still ends.
+    pub total: Duration,
+    /// The most bytes a download may have; a larger `Content-Length` is
+    /// refused before anything is written.
+    pub max_bytes: u64,
+}
+
+/// 30 minutes: NVIDIA's largest `.run` (about 400 MB) at 250 kB/s.
+pub const DEFAULT_DOWNLOAD_TIMEOUT_SECS: u64 = 1800;
+
+/// 2 GiB: five times NVIDIA's largest `.run`.
+pub const DEFAULT_MAX_DOWNLOAD_MIB: u64 = 2048;
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(30),
+            read: Duration::from_secs(60),
+            total: Duration::from_secs(DEFAULT_DOWNLOAD_TIMEOUT_SECS),
+            max_bytes: DEFAULT_MAX_DOWNLOAD_MIB << 20,
+        }
+    }
+}
+
+/// Where the expected checksum came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ChecksumSource {
+    /// `--sha256`
+    Flag,
+    /// The catalog's driver entry.
+    Catalog,
+    /// `<url>.sha256sum` fetched over HTTPS.
+    Companion,
+    /// NVIDIA's `redistrib_<version>.json` manifest.
+    RedistManifest,
+}
+
+/// One try at one URL, for the result.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Attempt {
+    pub url: String,
+    /// Where the bytes of this attempt came from, after redirects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    /// Bytes received in this attempt.
+    pub bytes: u64,
+    /// Whether it continued a partial file (server answered 206).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resumed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How to download: the same for every download of a command (retries and
+/// backoff, time and size bounds, plain HTTP or not, extra CA certificates,
+/// offline, where the verified files are kept). The proxy comes from the
+/// environment ([`agent`]); mirrors are a package's ([`PackageRequest`]).
+#[derive(Debug, Clone)]
+pub struct FetchPolicy {
+    /// The package cache: verified files named by their sha256.
+    pub cache_dir: PathBuf,
+    /// Only the cache: no network at all.
+    pub offline: bool,
+    pub allow_http: bool,
+    pub retry: RetryPolicy,
+    pub timeouts: Timeouts,
+    /// Extra PEM CA certificates (private mirrors); the bundled web roots
+    /// are used otherwise.
+    pub ca_bundle: Option<PathBuf>,
+    /// Show a progress bar (on a TTY).
+    pub progress_bar: bool,
+}
+
+/// What to download: where from, in order, and the sha256 the bytes must
+/// have (which also names the file in the cache).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchRequest {
+    /// The package URL first, then mirrors, in order.
+    pub urls: Vec<String>,
+    /// Lower-case hex sha256.
+    pub sha256: String,
+}
+
+impl FetchRequest {
+    /// One URL, no mirror.
+    pub fn new(url: &str, sha256: &str) -> Self {
+        FetchRequest {
+            urls: vec![url.to_string()],
+            sha256: sha256.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    pub path: PathBuf,
+    pub size: u64,
+    pub cache_hit: bool,
+    pub source_url: Option<String>,
+    pub attempts: Vec<Attempt>,
+}
+
+/// A failure that carries the attempts made, for the result.
+#[derive(Debug)]
+pub struct FetchError {
+    pub error: Error,
+    pub attempts: Vec<Attempt>,
+}
+
+impl From<Error> for FetchError {
+    fn from(error: Error) -> Self {
+        FetchError {
+            error,
+            attempts: Vec::new(),
+        }
+    }
+}
+
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Refuses plain HTTP unless allowed, and anything that is not HTTP(S).
+pub fn check_url(url: &str, allow_http: bool) -> Result<()> {
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        Ok(())
+    } else if lower.starts_with("http://") {
+        if allow_http {
+            Ok(())
+        } else {
+            Err(Error::new(
+                Reason::InsecureUrl,
+                format!("refusing plain HTTP URL {url}"),
+            )
+            .with_hint("use an https:// URL or mirror, or pass --allow-http for a trusted network"))
+        }
+    } else {
+        Err(Error::new(
+            Reason::InvalidArgument,
+            format!("{url} is not an http(s) URL"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let p = RetryPolicy {
+            retries: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(700),
+        };
+        assert_eq!(p.backoff(1, None), Duration::from_millis(100));
+        assert_eq!(p.backoff(2, None), Duration::from_millis(200));
+        assert_eq!(p.backoff(3, None), Duration::from_millis(400));
+        assert_eq!(p.backoff(4, None), Duration::from_millis(700));
+        assert_eq!(p.backoff(40, None), Duration::from_millis(700));
+        assert_eq!(
+            p.backoff(1, Some(Duration::from_secs(60))),
+            Duration::from_millis(700)
+        );
+        assert_eq!(
+            p.backoff(1, Some(Duration::from_millis(5))),
+            Duration::from_millis(5)
+        );
+    }
+
+    #[test]
+    fn urls_must_be_https_unless_allowed() {
+        assert!(check_url("https://x/y", false).is_ok());
+        assert_eq!(
+            check_url("http://x/y", false).unwrap_err().reason,
+            Reason::InsecureUrl
+        );
+        assert!(check_url("http://x/y", true).is_ok());
+        assert_eq!(
+            check_url("ftp://x/y", true).unwrap_err().reason,
+            Reason::InvalidArgument
+        );
+    }
+}

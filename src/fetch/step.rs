@@ -1,0 +1,235 @@
+//! The `fetch` step: a [`PackageRequest`] (URL, mirrors, whatever checksum
+//! is known) into a verified file and a [`FetchResult`] document.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Attempt, ChecksumSource, FetchError, FetchPolicy, FetchRequest, Fetched, check_url, fetch,
+    find_checksum,
+};
+use crate::error::{Error, Result};
+use crate::report::Reason;
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FetchSpec {
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mirrors: Vec<String>,
+    /// The expected sha256, when given or known before fetching.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    pub cache_dir: String,
+    pub offline: bool,
+    pub allow_http: bool,
+    pub retries: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FetchStatus {
+    #[serde(flatten)]
+    pub outcome: crate::report::Outcome,
+    /// The verified file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checksum_source: Option<ChecksumSource>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// True when the verified file was already cached: no network was used.
+    #[serde(default)]
+    pub cache_hit: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<Attempt>,
+}
+
+pub type FetchResult = crate::report::Document<FetchSpec, FetchStatus>;
+
+impl crate::report::StatusOutcome for FetchStatus {
+    fn outcome(&self) -> &crate::report::Outcome {
+        &self.outcome
+    }
+}
+
+/// What to fetch: a URL, its file name, and whatever checksum is known.
+#[derive(Debug, Clone)]
+pub struct PackageRequest {
+    pub url: String,
+    pub sha256: Option<(String, ChecksumSource)>,
+    /// Mirror prefixes or templates (`{file}`, `{version}`).
+    pub mirrors: Vec<String>,
+    pub version: Option<String>,
+    /// Explicit redistrib manifest URL.
+    pub manifest: Option<String>,
+}
+
+/// The file name at the end of a URL.
+pub fn file_name_of(url: &str) -> String {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
+/// The package URL, then each mirror's URL for the file, in order.
+fn source_urls(req: &PackageRequest, file: &str) -> Result<Vec<String>> {
+    let mut urls = vec![req.url.clone()];
+    for m in &req.mirrors {
+        urls.push(mirror_url(m, file, req.version.as_deref())?);
+    }
+    Ok(urls)
+}
+
+/// A mirror is a URL prefix the file name is appended to, or a template
+/// with `{file}` and/or `{version}`.
+fn mirror_url(mirror: &str, file: &str, version: Option<&str>) -> Result<String> {
+    if mirror.contains("{version}") && version.is_none() {
+        return Err(Error::new(
+            Reason::InvalidArgument,
+            format!("mirror {mirror} needs a driver version, and none is known"),
+        ));
+    }
+    let filled = mirror.replace("{version}", version.unwrap_or(""));
+    Ok(if filled.contains("{file}") {
+        filled.replace("{file}", file)
+    } else {
+        format!("{}/{file}", filled.trim_end_matches('/'))
+    })
+}
+
+impl FetchSpec {
+    fn new(
+        url: String,
+        mirrors: Vec<String>,
+        sha256: Option<String>,
+        policy: &FetchPolicy,
+    ) -> Self {
+        FetchSpec {
+            url,
+            mirrors,
+            sha256,
+            cache_dir: policy.cache_dir.display().to_string(),
+            offline: policy.offline,
+            allow_http: policy.allow_http,
+            retries: policy.retry.retries,
+        }
+    }
+}
+
+impl FetchStatus {
+    fn new(outcome: crate::report::Outcome) -> Self {
+        FetchStatus {
+            outcome,
+            path: None,
+            sha256: None,
+            checksum_source: None,
+            size_bytes: None,
+            cache_hit: false,
+            source_url: None,
+            attempts: Vec::new(),
+        }
+    }
+}
+
+/// A fetch that ended before it began (bad plan, bad arguments).
+pub fn fetch_package_failed(
+    url: String,
+    policy: &FetchPolicy,
+    outcome: crate::report::Outcome,
+) -> FetchResult {
+    crate::report::Document::new(
+        crate::report::Kind::FetchResult,
+        FetchSpec::new(url, Vec::new(), None, policy),
+        FetchStatus::new(outcome),
+    )
+}
+
+/// The whole `fetch` step, as a result document.
+pub fn fetch_package(req: &PackageRequest, policy: FetchPolicy) -> FetchResult {
+    let spec = FetchSpec::new(
+        req.url.clone(),
+        req.mirrors.clone(),
+        req.sha256.as_ref().map(|(s, _)| s.clone()),
+        &policy,
+    );
+    let mut status = FetchStatus::new(crate::report::Outcome::new(
+        Reason::Internal,
+        "fetch did not finish",
+    ));
+    let file = file_name_of(&req.url);
+    let result = (|| -> Result<Fetched, FetchError> {
+        let urls = source_urls(req, &file)?;
+        for url in &urls {
+            check_url(url, policy.allow_http)?;
+        }
+        let (sha256, source) = find_checksum(req, &policy)?;
+        status.sha256 = Some(sha256.clone());
+        status.checksum_source = Some(source);
+        fetch(&policy, &FetchRequest { urls, sha256 })
+    })();
+    status.outcome = match result {
+        Ok(f) => {
+            let msg = if f.cache_hit {
+                format!(
+                    "{file} was already cached and verified at {}; no network used",
+                    f.path.display()
+                )
+            } else {
+                format!(
+                    "{file} downloaded from {} and verified ({} bytes) at {}",
+                    f.source_url.as_deref().unwrap_or("?"),
+                    f.size,
+                    f.path.display()
+                )
+            };
+            status.path = Some(f.path.display().to_string());
+            status.size_bytes = Some(f.size);
+            status.cache_hit = f.cache_hit;
+            status.source_url = f.source_url;
+            status.attempts = f.attempts;
+            crate::report::Outcome::new(Reason::Fetched, msg)
+        }
+        Err(e) => {
+            status.attempts = e.attempts;
+            crate::report::Outcome::from(&e.error)
+        }
+    };
+    crate::report::Document::new(crate::report::Kind::FetchResult, spec, status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fetch::checksum::redistrib_manifest_url;
+
+    #[test]
+    fn mirrors_and_manifests() {
+        assert_eq!(
+            mirror_url("https://m/x/", "a.run", None).unwrap(),
+            "https://m/x/a.run"
+        );
+        assert_eq!(
+            mirror_url("https://m/{version}/{file}", "a.run", Some("580.95.05")).unwrap(),
+            "https://m/580.95.05/a.run"
+        );
+        assert!(mirror_url("https://m/{version}", "a.run", None).is_err());
+        assert_eq!(
+            file_name_of("https://h/p/NVIDIA-Linux-x86_64-580.95.05.run?x=1"),
+            "NVIDIA-Linux-x86_64-580.95.05.run"
+        );
+        assert_eq!(
+            redistrib_manifest_url("https://developer.download.nvidia.com/compute/nvidia-driver/redist/nvidia_driver/linux-x86_64/nvidia_driver-linux-x86_64-580.95.05-archive.tar.xz").as_deref(),
+            Some("https://developer.download.nvidia.com/compute/nvidia-driver/redist/redistrib_580.95.05.json")
+        );
+        assert_eq!(
+            redistrib_manifest_url(
+                "https://us.download.nvidia.com/tesla/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run"
+            ),
+            None
+        );
+    }
+}
