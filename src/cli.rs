@@ -126,7 +126,7 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         mount_ns: PathBuf,
         #[arg(value_enum)]
-        tool: crate::fabric::HostTool,
+        tool: HostToolArg,
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -401,14 +401,49 @@ impl From<BuildFlavor> for ModuleFlavor {
     }
 }
 
+/// `--flavor` of install and resolve: the library's [`FlavorChoice`],
+/// spelled for clap here so the library type carries no CLI derive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FlavorArg {
+    Auto,
+    Open,
+    Proprietary,
+}
+
+impl From<FlavorArg> for FlavorChoice {
+    fn from(f: FlavorArg) -> Self {
+        match f {
+            FlavorArg::Auto => FlavorChoice::Auto,
+            FlavorArg::Open => FlavorChoice::Open,
+            FlavorArg::Proprietary => FlavorChoice::Proprietary,
+        }
+    }
+}
+
+/// `host-tool`'s TOOL: [`crate::fabric::HostTool`] spelled for clap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostToolArg {
+    Systemctl,
+    Journalctl,
+}
+
+impl From<HostToolArg> for crate::fabric::HostTool {
+    fn from(t: HostToolArg) -> Self {
+        match t {
+            HostToolArg::Systemctl => crate::fabric::HostTool::Systemctl,
+            HostToolArg::Journalctl => crate::fabric::HostTool::Journalctl,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// Install exactly this driver version (e.g. 580.95.05).
     #[arg(long, value_name = "VERSION")]
     pub driver_version: Option<String>,
     /// Kernel module flavor.
-    #[arg(long, value_enum, default_value_t = FlavorChoice::Auto)]
-    pub flavor: FlavorChoice,
+    #[arg(long, value_enum, default_value_t = FlavorArg::Auto)]
+    pub flavor: FlavorArg,
 }
 
 /// Where packages are cached on the host, so that a later Job finds them.
@@ -478,7 +513,7 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         } => {
             // First: setns refuses a process that has started threads.
             crate::userspace::enter_mount_namespace(mount_ns)?;
-            Err(crate::fabric::exec_host_tool(*tool, args))
+            Err(crate::fabric::exec_host_tool((*tool).into(), args))
         }
         Command::CopySelf { dest } => {
             crate::files::copy_self(dest)?;
@@ -558,7 +593,7 @@ fn config(g: &GlobalArgs) -> Config {
 
 fn with_plan(mut cfg: Config, args: &PlanArgs) -> Config {
     cfg.driver_version = args.driver_version.clone();
-    cfg.flavor = args.flavor;
+    cfg.flavor = args.flavor.into();
     cfg
 }
 

@@ -11,9 +11,7 @@ use crate::host::{self, CpuArch, HostRoot, KernelVersion, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, StatusOutcome};
 
 /// `--flavor`
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FlavorChoice {
     #[default]
