@@ -109,6 +109,14 @@ pub enum Command {
     /// kernel series resolves to a digest-pinned default that no exclusion
     /// forbids; every exclusion cites its evidence.
     CatalogCheck,
+    /// Print the catalog [[exclusions]] that a build matrix suggests (TOML
+    /// on stdout): one per KernelApiMismatch pair the catalog (embedded, or
+    /// --catalog) does not exclude yet; covered pairs as comments.
+    MatrixExclusions {
+        /// The build matrix written by scripts/matrix.
+        #[arg(long, value_name = "PATH", default_value = "docs/matrix.json")]
+        matrix: PathBuf,
+    },
     /// Make the current driver root visible at /run/nvidia/driver (a link,
     /// or a read-only bind mount onto a directory there), in the mount
     /// namespace at --mount-ns if given. Install runs it; so can a test.
@@ -495,6 +503,11 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let cfg = config(g);
             let doc = crate::catalog::check_document(cfg.catalog_label(), cfg.load_catalog());
             deliver(g, Kind::CatalogCheck, &doc)
+        }
+        Command::MatrixExclusions { matrix } => {
+            let catalog = config(g).load_catalog()?;
+            emit_raw(g, &crate::catalog::matrix_exclusions(&catalog, matrix)?)?;
+            Ok(0)
         }
         Command::ExposeDriverRoot { mount_ns } => {
             // First: setns refuses a process that has started threads.
