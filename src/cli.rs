@@ -494,20 +494,29 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         max_bytes: g.max_unpacked_size.saturating_mul(1 << 20),
         max_entries: g.max_unpacked_entries,
     });
-    match &cli.command {
+    match execute_tool(g, &cli.command)? {
+        Some(code) => Ok(code),
+        None => execute_step(g, &cli.command),
+    }
+}
+
+/// The commands that print something other than a step's result
+/// document, or hand over to another program; `None` for the others.
+fn execute_tool(g: &GlobalArgs, command: &Command) -> Result<Option<u8>> {
+    match command {
         Command::Schema => {
             emit_raw(g, &crate::schema::results_schema_json()?)?;
-            Ok(0)
+            Ok(Some(0))
         }
         Command::CatalogCheck => {
             let cfg = config(g);
             let doc = crate::catalog::check_document(cfg.catalog_label(), cfg.load_catalog());
-            deliver(g, Kind::CatalogCheck, &doc)
+            deliver(g, Kind::CatalogCheck, &doc).map(Some)
         }
         Command::MatrixExclusions { matrix } => {
             let catalog = config(g).load_catalog()?;
             emit_raw(g, &crate::catalog::matrix_exclusions(&catalog, matrix)?)?;
-            Ok(0)
+            Ok(Some(0))
         }
         Command::ExposeDriverRoot { mount_ns } => {
             // First: setns refuses a process that has started threads.
@@ -517,7 +526,7 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let root = host_root(g);
             let current = Path::new(crate::install::DRIVERS_DIR).join("current");
             crate::userspace::expose_driver_root(&root.fs()?, &current)?;
-            Ok(0)
+            Ok(Some(0))
         }
         Command::HostTool {
             mount_ns,
@@ -531,8 +540,16 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         Command::CopySelf { dest } => {
             crate::files::copy_self(dest)?;
             emit_raw(g, &format!("{}\n", dest.display()))?;
-            Ok(0)
+            Ok(Some(0))
         }
+        _ => Ok(None),
+    }
+}
+
+/// The pipeline's steps and `run`/`prebuild`: each delivers its result
+/// document.
+fn execute_step(g: &GlobalArgs, command: &Command) -> Result<u8> {
+    match command {
         Command::Detect => deliver(g, Kind::HostReport, &run::detect(&config(g))),
         Command::Resolve(args) => {
             let cfg = with_plan(config(g), args);
@@ -585,6 +602,10 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let doc = run::prebuild(&cfg, &args.os_id, &args.os_version);
             deliver(g, Kind::RunResult, &doc)
         }
+        _ => Err(Error::new(
+            Reason::Internal,
+            "a tool command reached the steps' dispatch",
+        )),
     }
 }
 

@@ -247,24 +247,7 @@ pub fn resolve_report(opts: &ResolveOptions, report: &HostReport) -> InstallPlan
 
 fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Result<String> {
     let cat = opts.catalog;
-    let os = report
-        .status
-        .os
-        .as_ref()
-        .ok_or_else(|| Error::new(Reason::Internal, "detected without os"))?;
-    let release = report
-        .status
-        .kernel_release
-        .clone()
-        .ok_or_else(|| Error::new(Reason::Internal, "detected without kernel release"))?;
-    let kernel = KernelVersion::parse(&release).ok_or_else(|| {
-        Error::new(
-            Reason::InvalidArgument,
-            format!("kernel release {release:?} does not start with a version like 6.12.0"),
-        )
-        .with_hint("check --kernel-release or the host's /proc/sys/kernel/osrelease")
-    })?;
-
+    let (os, release, kernel) = detected_target(report)?;
     let arch = match report.status.arch {
         Some(a) => a,
         None => crate::host::running_arch()?,
@@ -293,16 +276,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     st.flavor_reason = Some(why);
 
     // 4. Known-broken pairs.
-    if let Some(x) = cat.exclusion_for(&version, kernel, Some(flavor)) {
-        return Err(Error::new(
-            Reason::IncompatibleKernel,
-            format!(
-                "driver {version} ({flavor}) is known not to work with kernel {release}: {}",
-                x.reason
-            ),
-        )
-        .with_hint("choose another --driver-version or kernel"));
-    }
+    refuse_excluded(cat, &version, kernel, flavor, &release)?;
 
     // 5. Headers.
     let headers = find_headers(opts.root, cat, os, &release, kernel)?;
@@ -316,8 +290,64 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
         .iter()
         .filter_map(|(_, a)| a.map(|a| a.name.as_str()))
         .collect();
+    plan_tuning(st, cat, os, &families);
+
+    // 8. The daemons: Fabric Manager for NVSwitches, persistenced for
+    //    data-center GPUs.
+    st.fabric_manager = fabric_manager_for(report, cat, &version, arch, &families);
+    st.persistenced = persistenced_for(&report.status.gpus);
+    st.warnings.extend(nvlink5_warning(report));
+
+    Ok(plan_message(st, cat, source, &headers, &release))
+}
+
+/// The OS, kernel release and its version that detect reported.
+fn detected_target(report: &HostReport) -> Result<(&host::OsInfo, String, KernelVersion)> {
+    let os = report
+        .status
+        .os
+        .as_ref()
+        .ok_or_else(|| Error::new(Reason::Internal, "detected without os"))?;
+    let release = report
+        .status
+        .kernel_release
+        .clone()
+        .ok_or_else(|| Error::new(Reason::Internal, "detected without kernel release"))?;
+    let kernel = KernelVersion::parse(&release).ok_or_else(|| {
+        Error::new(
+            Reason::InvalidArgument,
+            format!("kernel release {release:?} does not start with a version like 6.12.0"),
+        )
+        .with_hint("check --kernel-release or the host's /proc/sys/kernel/osrelease")
+    })?;
+    Ok((os, release, kernel))
+}
+
+/// IncompatibleKernel where the catalog lists the pair as broken.
+fn refuse_excluded(
+    cat: &Catalog,
+    version: &str,
+    kernel: KernelVersion,
+    flavor: ModuleFlavor,
+    release: &str,
+) -> Result<()> {
+    match cat.exclusion_for(version, kernel, Some(flavor)) {
+        Some(x) => Err(Error::new(
+            Reason::IncompatibleKernel,
+            format!(
+                "driver {version} ({flavor}) is known not to work with kernel {release}: {}",
+                x.reason
+            ),
+        )
+        .with_hint("choose another --driver-version or kernel")),
+        None => Ok(()),
+    }
+}
+
+/// Module parameters for these GPU families, IOMMU passthrough for the OS.
+fn plan_tuning(st: &mut PlanStatus, cat: &Catalog, os: &host::OsInfo, families: &[&str]) {
     st.module_params = cat
-        .module_params_for(&families)
+        .module_params_for(families)
         .into_iter()
         .map(|m| PlannedParams {
             module: m.module.clone(),
@@ -328,22 +358,31 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     st.iommu_passthrough = cat
         .iommu_passthrough_for(&os.id, os.variant_id.as_deref())
         .map(|r| r.reason.clone());
+}
 
-    // 8. The daemons: Fabric Manager for NVSwitches, persistenced for
-    //    data-center GPUs.
-    st.fabric_manager = fabric_manager_for(report, cat, &version, arch, &families);
-    st.persistenced = persistenced_for(&report.status.gpus);
-    st.warnings.extend(nvlink5_warning(report));
-
+/// The Resolved message: version and where it came from, flavor, kernel,
+/// headers, and whether the package's checksum is known.
+fn plan_message(
+    st: &PlanStatus,
+    cat: &Catalog,
+    source: VersionSource,
+    headers: &Headers,
+    release: &str,
+) -> String {
+    let version = st.driver_version.as_deref().unwrap_or_default();
+    let flavor = st.module_flavor.map(|f| f.to_string()).unwrap_or_default();
     let headers_text = match headers.source {
         HeadersSource::Installed => {
-            format!("installed headers {}", headers.path.unwrap_or_default())
+            format!(
+                "installed headers {}",
+                headers.path.clone().unwrap_or_default()
+            )
         }
         HeadersSource::Package => format!(
             "package {} from {} {}",
-            headers.package.unwrap_or_default(),
-            headers.repository.unwrap_or_default(),
-            headers.suite.unwrap_or_default()
+            headers.package.clone().unwrap_or_default(),
+            headers.repository.clone().unwrap_or_default(),
+            headers.suite.clone().unwrap_or_default()
         ),
     };
     let checksum_note = if st.package.as_ref().is_some_and(|p| p.checksum_known) {
@@ -351,14 +390,14 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     } else {
         "; no checksum known for the package: fetching needs one from a trusted companion file or an explicit opt-in"
     };
-    Ok(format!(
+    format!(
         "driver {version} ({flavor} modules, version from {}) for kernel {release} with {headers_text}{checksum_note}",
         match source {
             VersionSource::Flag => "--driver-version".to_string(),
             VersionSource::Policy => format!("policy {}", st.policy.as_deref().unwrap_or("?")),
             VersionSource::Default => format!("default branch {}", cat.default_branch),
         }
-    ))
+    )
 }
 
 /// `--driver-version` (a release, or a branch: its default release), else
