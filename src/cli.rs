@@ -109,6 +109,14 @@ pub enum Command {
     /// kernel series resolves to a digest-pinned default that no exclusion
     /// forbids; every exclusion cites its evidence.
     CatalogCheck,
+    /// Print the catalog [[exclusions]] that a build matrix suggests (TOML
+    /// on stdout): one per KernelApiMismatch pair the catalog (embedded, or
+    /// --catalog) does not exclude yet; covered pairs as comments.
+    MatrixExclusions {
+        /// The build matrix written by scripts/matrix.
+        #[arg(long, value_name = "PATH", default_value = "docs/matrix.json")]
+        matrix: PathBuf,
+    },
     /// Make the current driver root visible at /run/nvidia/driver (a link,
     /// or a read-only bind mount onto a directory there), in the mount
     /// namespace at --mount-ns if given. Install runs it; so can a test.
@@ -126,7 +134,7 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         mount_ns: PathBuf,
         #[arg(value_enum)]
-        tool: crate::install::HostTool,
+        tool: HostToolArg,
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -401,14 +409,49 @@ impl From<BuildFlavor> for ModuleFlavor {
     }
 }
 
+/// `--flavor` of install and resolve: the library's [`FlavorChoice`],
+/// spelled for clap here so the library type carries no CLI derive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FlavorArg {
+    Auto,
+    Open,
+    Proprietary,
+}
+
+impl From<FlavorArg> for FlavorChoice {
+    fn from(f: FlavorArg) -> Self {
+        match f {
+            FlavorArg::Auto => FlavorChoice::Auto,
+            FlavorArg::Open => FlavorChoice::Open,
+            FlavorArg::Proprietary => FlavorChoice::Proprietary,
+        }
+    }
+}
+
+/// `host-tool`'s TOOL: [`crate::install::HostTool`] spelled for clap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostToolArg {
+    Systemctl,
+    Journalctl,
+}
+
+impl From<HostToolArg> for crate::install::HostTool {
+    fn from(t: HostToolArg) -> Self {
+        match t {
+            HostToolArg::Systemctl => crate::install::HostTool::Systemctl,
+            HostToolArg::Journalctl => crate::install::HostTool::Journalctl,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// Install exactly this driver version (e.g. 580.95.05).
     #[arg(long, value_name = "VERSION")]
     pub driver_version: Option<String>,
     /// Kernel module flavor.
-    #[arg(long, value_enum, default_value_t = FlavorChoice::Auto)]
-    pub flavor: FlavorChoice,
+    #[arg(long, value_enum, default_value_t = FlavorArg::Auto)]
+    pub flavor: FlavorArg,
 }
 
 /// Where packages are cached on the host, so that a later Job finds them.
@@ -451,15 +494,29 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         max_bytes: g.max_unpacked_size.saturating_mul(1 << 20),
         max_entries: g.max_unpacked_entries,
     });
-    match &cli.command {
+    match execute_tool(g, &cli.command)? {
+        Some(code) => Ok(code),
+        None => execute_step(g, &cli.command),
+    }
+}
+
+/// The commands that print something other than a step's result
+/// document, or hand over to another program; `None` for the others.
+fn execute_tool(g: &GlobalArgs, command: &Command) -> Result<Option<u8>> {
+    match command {
         Command::Schema => {
             emit_raw(g, &crate::schema::results_schema_json()?)?;
-            Ok(0)
+            Ok(Some(0))
         }
         Command::CatalogCheck => {
             let cfg = config(g);
             let doc = crate::catalog::check_document(cfg.catalog_label(), cfg.load_catalog());
-            deliver(g, Kind::CatalogCheck, &doc)
+            deliver(g, Kind::CatalogCheck, &doc).map(Some)
+        }
+        Command::MatrixExclusions { matrix } => {
+            let catalog = config(g).load_catalog()?;
+            emit_raw(g, &crate::catalog::matrix_exclusions(&catalog, matrix)?)?;
+            Ok(Some(0))
         }
         Command::ExposeDriverRoot { mount_ns } => {
             // First: setns refuses a process that has started threads.
@@ -469,7 +526,7 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let root = host_root(g);
             let current = Path::new(crate::install::DRIVERS_DIR).join("current");
             crate::userspace::expose_driver_root(&root.fs()?, &current)?;
-            Ok(0)
+            Ok(Some(0))
         }
         Command::HostTool {
             mount_ns,
@@ -478,13 +535,21 @@ pub fn execute(cli: &Cli) -> Result<u8> {
         } => {
             // First: setns refuses a process that has started threads.
             crate::userspace::enter_mount_namespace(mount_ns)?;
-            Err(crate::install::exec_host_tool(*tool, args))
+            Err(crate::install::exec_host_tool((*tool).into(), args))
         }
         Command::CopySelf { dest } => {
             crate::files::copy_self(dest)?;
             emit_raw(g, &format!("{}\n", dest.display()))?;
-            Ok(0)
+            Ok(Some(0))
         }
+        _ => Ok(None),
+    }
+}
+
+/// The pipeline's steps and `run`/`prebuild`: each delivers its result
+/// document.
+fn execute_step(g: &GlobalArgs, command: &Command) -> Result<u8> {
+    match command {
         Command::Detect => deliver(g, Kind::HostReport, &run::detect(&config(g))),
         Command::Resolve(args) => {
             let cfg = with_plan(config(g), args);
@@ -537,6 +602,10 @@ pub fn execute(cli: &Cli) -> Result<u8> {
             let doc = run::prebuild(&cfg, &args.os_id, &args.os_version);
             deliver(g, Kind::RunResult, &doc)
         }
+        _ => Err(Error::new(
+            Reason::Internal,
+            "a tool command reached the steps' dispatch",
+        )),
     }
 }
 
@@ -558,7 +627,7 @@ fn config(g: &GlobalArgs) -> Config {
 
 fn with_plan(mut cfg: Config, args: &PlanArgs) -> Config {
     cfg.driver_version = args.driver_version.clone();
-    cfg.flavor = args.flavor;
+    cfg.flavor = args.flavor.into();
     cfg
 }
 

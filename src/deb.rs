@@ -115,36 +115,7 @@ pub fn unpack_data(deb: &Path, root: &Path) -> Result<DebReport> {
     if &magic != AR_MAGIC {
         return Err(invalid(deb, "no ar magic '!<arch>'"));
     }
-
-    let member = next_member(deb, &mut r)?.ok_or_else(|| invalid(deb, "empty ar archive"))?;
-    if member.name != "debian-binary" {
-        return Err(invalid(
-            deb,
-            format_args!("first member is {:?}, not debian-binary", member.name),
-        ));
-    }
-    if member.size > 64 {
-        return Err(invalid(deb, "debian-binary is implausibly large"));
-    }
-    let mut version = Vec::new();
-    (&mut r)
-        .take(member.size)
-        .read_to_end(&mut version)
-        .map_err(|e| Error::io(Reason::Internal, "reading", deb, e))?;
-    if version.len() as u64 != member.size {
-        return Err(invalid(deb, "debian-binary is truncated"));
-    }
-    if member.size % 2 == 1 {
-        let _ = (&mut r).take(1).read_to_end(&mut Vec::new());
-    }
-    let version = String::from_utf8_lossy(&version);
-    if !version.trim().starts_with("2.") {
-        return Err(invalid(
-            deb,
-            format_args!("package format {:?}, only 2.x is supported", version.trim()),
-        ));
-    }
-
+    read_format_version(deb, &mut r)?;
     let mut seen_control = false;
     loop {
         let m = next_member(deb, &mut r)?.ok_or_else(|| {
@@ -163,22 +134,7 @@ pub fn unpack_data(deb: &Path, root: &Path) -> Result<DebReport> {
             seen_control = true;
             skip(deb, &mut r, &m)?;
         } else if seen_control && m.name.starts_with("data.tar") {
-            let compression = compression_of(&m.name).ok_or_else(|| {
-                invalid(deb, format_args!("unsupported data member {:?}", m.name))
-            })?;
-            let origin = PathBuf::from(format!("{}:{}", deb.display(), m.name));
-            let mut data = (&mut r).take(m.size);
-            let report = extract::unpack_tar_stream(&mut data, compression, root, &origin)?;
-            // The compressed stream may end before the member does (padding);
-            // what follows the data member is not needed.
-            let _ = io::copy(&mut data, &mut io::sink());
-            if data.limit() > 0 {
-                return Err(invalid(deb, format_args!("member {} is truncated", m.name)));
-            }
-            return Ok(DebReport {
-                data_member: m.name,
-                extract: report,
-            });
+            return unpack_member(deb, &mut r, m, root);
         } else {
             return Err(invalid(
                 deb,
@@ -194,4 +150,56 @@ pub fn unpack_data(deb: &Path, root: &Path) -> Result<DebReport> {
             ));
         }
     }
+}
+
+/// The first member, `debian-binary`: the package format, which must be
+/// 2.x.
+fn read_format_version(deb: &Path, r: &mut impl Read) -> Result<()> {
+    let member = next_member(deb, r)?.ok_or_else(|| invalid(deb, "empty ar archive"))?;
+    if member.name != "debian-binary" {
+        return Err(invalid(
+            deb,
+            format_args!("first member is {:?}, not debian-binary", member.name),
+        ));
+    }
+    if member.size > 64 {
+        return Err(invalid(deb, "debian-binary is implausibly large"));
+    }
+    let mut version = Vec::new();
+    r.take(member.size)
+        .read_to_end(&mut version)
+        .map_err(|e| Error::io(Reason::Internal, "reading", deb, e))?;
+    if version.len() as u64 != member.size {
+        return Err(invalid(deb, "debian-binary is truncated"));
+    }
+    if member.size % 2 == 1 {
+        let _ = r.take(1).read_to_end(&mut Vec::new());
+    }
+    let version = String::from_utf8_lossy(&version);
+    if !version.trim().starts_with("2.") {
+        return Err(invalid(
+            deb,
+            format_args!("package format {:?}, only 2.x is supported", version.trim()),
+        ));
+    }
+    Ok(())
+}
+
+/// Unpacks the data member `m`, whose bytes `r` is at, into `root`.
+fn unpack_member(deb: &Path, r: &mut impl Read, m: Member, root: &Path) -> Result<DebReport> {
+    let compression = compression_of(&m.name)
+        .ok_or_else(|| invalid(deb, format_args!("unsupported data member {:?}", m.name)))?;
+    let origin = PathBuf::from(format!("{}:{}", deb.display(), m.name));
+    let mut data = r.take(m.size);
+    let report = extract::unpack_tar_stream(&mut data, compression, root, &origin)?;
+    // The compressed stream may end before the member does (padding);
+    // what follows the data member is not needed.
+    let _ = io::copy(&mut data, &mut io::sink());
+    if data.limit() > 0 {
+        return Err(invalid(deb, format_args!("member {} is truncated", m.name)));
+    }
+    Ok(DebReport {
+        data_member: m.name,
+        extract: report,
+    })
 }

@@ -1,16 +1,23 @@
 //! Reads a kernel module's `.modinfo` section in Rust, without `modinfo(8)`
 //! (kmod is not in every builder image, and the static installer must not
 //! depend on it). Only what the installer needs: ELF64 little-endian (x86_64
-//! and arm64 modules), section headers, the `.modinfo` section, and its
-//! NUL-separated `key=value` strings.
+//! and arm64 modules), the `.modinfo` section found by name through the
+//! `object` crate, and its NUL-separated `key=value` strings.
 //!
-//! Everything read from the file is bounds-checked against the file's size:
-//! a truncated or hostile `.ko` gives an error, never a panic or a huge
-//! allocation.
+//! Everything read from the file is bounds-checked against the file's size
+//! (`object` does that; the size limits below keep a corrupt header from
+//! making us allocate gigabytes): a truncated or hostile `.ko` gives an
+//! error, never a panic or a huge allocation.
 
+use std::fmt;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use object::LittleEndian;
+use object::ReadRef;
+use object::elf::{FileHeader64, SHT_NOBITS};
+use object::read::ReadCache;
+use object::read::elf::{FileHeader, SectionHeader};
 
 /// What a module says about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,9 +40,9 @@ pub struct ModInfo {
 }
 
 /// `e_machine` of x86_64 ELF files.
-pub const EM_X86_64: u16 = 62;
+pub const EM_X86_64: u16 = object::elf::EM_X86_64;
 /// `e_machine` of arm64 ELF files.
-pub const EM_AARCH64: u16 = 183;
+pub const EM_AARCH64: u16 = object::elf::EM_AARCH64;
 
 impl ModInfo {
     /// The kernel release this module was built for: the first word of
@@ -45,83 +52,95 @@ impl ModInfo {
     }
 }
 
+/// The file an error is about, printed as a `path: ` prefix; none for a
+/// module parsed from memory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct At(pub Option<PathBuf>);
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(p) => write!(f, "{}: ", p.display()),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Why a file is not a readable kernel module; the caller decides the
-/// reason (a bad build, an invalid artifact).
+/// reason (a bad build, an invalid artifact) with [`ModinfoError::into_error`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ModinfoError(pub String);
+pub enum ModinfoError {
+    /// The file could not be opened or its size read.
+    #[error("{at}{detail}")]
+    Unreadable { at: At, detail: String },
+    /// Not an ELF64 little-endian file (magic, class or byte order), or its
+    /// headers or section table are cut short or inconsistent.
+    #[error("{at}{detail}")]
+    NotElf { at: At, detail: String },
+    /// An ELF file without a `.modinfo` section: not a kernel module.
+    #[error("{at}no .modinfo section: not a kernel module")]
+    NoModinfo { at: At },
+    /// `.modinfo` is there but unusable: no contents, implausibly large, an
+    /// entry that is not `key=value`, no `vermagic`.
+    #[error("{at}{detail}")]
+    Malformed { at: At, detail: String },
+}
 
-impl From<String> for ModinfoError {
-    fn from(s: String) -> Self {
-        ModinfoError(s)
+impl ModinfoError {
+    fn not_elf(detail: impl Into<String>) -> Self {
+        ModinfoError::NotElf {
+            at: At::default(),
+            detail: detail.into(),
+        }
+    }
+
+    fn malformed(detail: impl Into<String>) -> Self {
+        ModinfoError::Malformed {
+            at: At::default(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The same error about the file at `path`.
+    fn at(mut self, path: &Path) -> Self {
+        let (ModinfoError::Unreadable { at, .. }
+        | ModinfoError::NotElf { at, .. }
+        | ModinfoError::NoModinfo { at }
+        | ModinfoError::Malformed { at, .. }) = &mut self;
+        at.0 = Some(path.to_path_buf());
+        self
+    }
+
+    /// The installer's error with the reason the caller gives (a module it
+    /// built is a bad build, one from an artifact an invalid artifact).
+    pub fn into_error(self, reason: crate::error::Reason) -> crate::error::Error {
+        crate::error::Error::new(reason, self.to_string())
     }
 }
 
-impl From<&str> for ModinfoError {
-    fn from(s: &str) -> Self {
-        ModinfoError(s.to_string())
-    }
-}
-
-/// The section table of a module never needs more than this; anything
-/// bigger is malformed, and the bound keeps a corrupt header from making
-/// us allocate gigabytes.
-const MAX_SECTION_HEADERS: u64 = 1 << 16;
 /// `.modinfo` holds a few KiB of strings (aliases can make it tens of KiB).
 const MAX_MODINFO_BYTES: u64 = 16 << 20;
-/// `.shstrtab` holds section names only.
-const MAX_SHSTRTAB_BYTES: u64 = 16 << 20;
-
-const SHT_NOBITS: u32 = 8;
-const SHN_XINDEX: u16 = 0xffff;
+/// The section table of a module never needs more than this; anything
+/// bigger is malformed.
+const MAX_SECTION_HEADERS: usize = 1 << 16;
 const ELF64_EHDR_SIZE: u64 = 64;
-const ELF64_SHDR_SIZE: u64 = 64;
 
-/// Random access to a module's bytes: a file on disk (read piecewise, an
-/// unstripped `nvidia.ko` is 180 MB) or a slice in memory (tests).
-trait Source {
-    fn len(&self) -> u64;
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()>;
-}
-
-impl Source for &[u8] {
-    fn len(&self) -> u64 {
-        <[u8]>::len(self) as u64
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let start = usize::try_from(offset).map_err(|_| std::io::ErrorKind::UnexpectedEof)?;
-        let end = start
-            .checked_add(buf.len())
-            .filter(|&e| e <= <[u8]>::len(self))
-            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-        buf.copy_from_slice(&self[start..end]);
-        Ok(())
-    }
-}
-
-struct FileSource {
-    file: File,
-    len: u64,
-}
-
-impl Source for FileSource {
-    fn len(&self) -> u64 {
-        self.len
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.file.read_exact_at(buf, offset)
-    }
-}
-
-/// Reads `.modinfo` of the module at `path`.
+/// Reads `.modinfo` of the module at `path`. The file is read piecewise
+/// (an unstripped `nvidia.ko` is 180 MB): headers, section table, names,
+/// `.modinfo`.
 pub fn read_modinfo(path: &Path) -> Result<ModInfo, ModinfoError> {
-    let err = |what: String| ModinfoError(format!("{}: {what}", path.display()));
-    let file = File::open(path).map_err(|e| err(format!("opening: {e}")))?;
-    let len = file
-        .metadata()
-        .map_err(|e| err(format!("reading metadata: {e}")))?
-        .len();
-    let mut info = parse(&FileSource { file, len }).map_err(|e| err(e.0))?;
+    let unreadable = |what: &str, e: std::io::Error| {
+        ModinfoError::Unreadable {
+            at: At::default(),
+            detail: format!("{what}: {e}"),
+        }
+        .at(path)
+    };
+    let file = File::open(path).map_err(|e| unreadable("opening", e))?;
+    file.metadata()
+        .map_err(|e| unreadable("reading metadata", e))?;
+    let cache = ReadCache::new(file);
+    let mut info = parse(&cache).map_err(|e| e.at(path))?;
     if info.name.is_empty() {
         info.name = file_module_name(path);
     }
@@ -131,7 +150,7 @@ pub fn read_modinfo(path: &Path) -> Result<ModInfo, ModinfoError> {
 /// Parses `.modinfo` from a module held in memory. Without a `name=` field
 /// the name stays empty (there is no file name to take it from).
 pub fn parse_modinfo(bytes: &[u8]) -> Result<ModInfo, ModinfoError> {
-    parse(&bytes)
+    parse(bytes)
 }
 
 /// `nvidia-uvm.ko` → `nvidia_uvm`.
@@ -143,154 +162,95 @@ fn file_module_name(path: &Path) -> String {
         .replace('-', "_")
 }
 
-fn read_vec(src: &dyn Source, offset: u64, len: u64, what: &str) -> Result<Vec<u8>, ModinfoError> {
-    offset
-        .checked_add(len)
-        .filter(|&e| e <= src.len())
-        .ok_or_else(|| {
-            format!(
-                "{what} (offset {offset}, {len} bytes) lies beyond the end of the file ({} bytes): truncated or not a module",
-                src.len()
-            )
-        })?;
-    let n = usize::try_from(len).map_err(|_| format!("{what} is too large"))?;
-    let mut buf = vec![0u8; n];
-    src.read_at(offset, &mut buf)
-        .map_err(|e| format!("reading {what}: {e}"))?;
-    Ok(buf)
+type Header = FileHeader64<LittleEndian>;
+
+/// "`what` lies beyond the end of the file": the message for any read
+/// outside the file, whichever step it was.
+fn beyond_end<'a, R: ReadRef<'a>>(data: R, what: &str) -> ModinfoError {
+    let len = data.len().map_or_else(|()| "?".into(), |n| n.to_string());
+    ModinfoError::not_elf(format!(
+        "{what} lies beyond the end of the file ({len} bytes): truncated or not a module"
+    ))
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
-/// One section header, the fields we use.
-struct Section {
-    name: u32,
-    kind: u32,
-    offset: u64,
-    size: u64,
-    link: u32,
-}
-
-fn section(table: &[u8], index: u64, entsize: u64) -> Section {
-    // Callers checked that the table holds `index + 1` entries of `entsize`
-    // (≥ 64) bytes.
-    let at = (index * entsize) as usize;
-    let h = &table[at..at + ELF64_SHDR_SIZE as usize];
-    Section {
-        name: u32_at(h, 0),
-        kind: u32_at(h, 4),
-        offset: u64_at(h, 24),
-        size: u64_at(h, 32),
-        link: u32_at(h, 40),
+fn parse<'a, R: ReadRef<'a>>(data: R) -> Result<ModInfo, ModinfoError> {
+    let header = elf_header(data)?;
+    let endian = LittleEndian;
+    let section = modinfo_section(header, data)?;
+    if section.sh_type(endian) == SHT_NOBITS {
+        return Err(ModinfoError::malformed(
+            ".modinfo has no contents (SHT_NOBITS)",
+        ));
     }
-}
-
-fn parse(src: &dyn Source) -> Result<ModInfo, ModinfoError> {
-    let ehdr = read_vec(src, 0, ELF64_EHDR_SIZE, "the ELF header")?;
-    if ehdr[..4] != *b"\x7fELF" {
-        return Err("not an ELF file (bad magic)".into());
-    }
-    if ehdr[4] != 2 {
-        return Err(ModinfoError(format!(
-            "ELF class {} is not ELF64; only 64-bit modules are supported",
-            ehdr[4]
+    let size = section.sh_size(endian);
+    if size > MAX_MODINFO_BYTES {
+        return Err(ModinfoError::malformed(format!(
+            ".modinfo of {size} bytes is implausible"
         )));
     }
-    if ehdr[5] != 1 {
-        return Err(
-            "big-endian ELF; only little-endian modules (x86_64, arm64) are supported".into(),
-        );
-    }
-    let shoff = u64_at(&ehdr, 0x28);
-    let shentsize = u64::from(u16_at(&ehdr, 0x3a));
-    let mut shnum = u64::from(u16_at(&ehdr, 0x3c));
-    let mut shstrndx = u64::from(u16_at(&ehdr, 0x3e));
-    if shoff == 0 {
-        return Err("no section header table".into());
-    }
-    if shentsize < ELF64_SHDR_SIZE {
-        return Err(ModinfoError(format!(
-            "section header size {shentsize} is smaller than ELF64's {ELF64_SHDR_SIZE}"
-        )));
-    }
-    // Extended numbering: with ≥ 0xff00 sections the real count and string
-    // table index live in section 0's size and link fields.
-    if shnum == 0 || shstrndx == u64::from(SHN_XINDEX) {
-        let first = read_vec(src, shoff, shentsize, "section header 0")?;
-        let s0 = section(&first, 0, shentsize);
-        if shnum == 0 {
-            shnum = s0.size;
-        }
-        if shstrndx == u64::from(SHN_XINDEX) {
-            shstrndx = u64::from(s0.link);
-        }
-    }
-    if shnum == 0 || shnum > MAX_SECTION_HEADERS {
-        return Err(ModinfoError(format!("implausible section count {shnum}")));
-    }
-    if shstrndx >= shnum {
-        return Err(ModinfoError(format!(
-            "section name table index {shstrndx} is not below the section count {shnum}"
-        )));
-    }
-    let table = read_vec(src, shoff, shnum * shentsize, "the section header table")?;
-    let strtab_hdr = section(&table, shstrndx, shentsize);
-    if strtab_hdr.size > MAX_SHSTRTAB_BYTES {
-        return Err(ModinfoError(format!(
-            "section name table of {} bytes is implausible",
-            strtab_hdr.size
-        )));
-    }
-    let names = read_vec(
-        src,
-        strtab_hdr.offset,
-        strtab_hdr.size,
-        "the section name table",
-    )?;
-    let mut modinfo = None;
-    for i in 0..shnum {
-        let s = section(&table, i, shentsize);
-        let start = s.name as usize;
-        if start >= names.len() {
-            continue;
-        }
-        let end = names[start..]
-            .iter()
-            .position(|&b| b == 0)
-            .map_or(names.len(), |p| start + p);
-        if &names[start..end] == b".modinfo" {
-            modinfo = Some(s);
-            break;
-        }
-    }
-    let s = modinfo.ok_or("no .modinfo section: not a kernel module")?;
-    if s.kind == SHT_NOBITS {
-        return Err(".modinfo has no contents (SHT_NOBITS)".into());
-    }
-    if s.size > MAX_MODINFO_BYTES {
-        return Err(ModinfoError(format!(
-            ".modinfo of {} bytes is implausible",
-            s.size
-        )));
-    }
-    let data = read_vec(src, s.offset, s.size, "the .modinfo section")?;
-    let mut info = from_fields(parse_fields(&data)?)?;
-    info.machine = u16_at(&ehdr, 0x12);
+    let bytes = section
+        .data(endian, data)
+        .map_err(|_| beyond_end(data, "the .modinfo section"))?;
+    let mut info = from_fields(parse_fields(bytes)?)?;
+    info.machine = header.e_machine(endian);
     Ok(info)
+}
+
+/// The ELF header, once its identification says ELF64 little-endian (the
+/// checks `object` makes too, done first for messages that say which).
+fn elf_header<'a, R: ReadRef<'a>>(data: R) -> Result<&'a Header, ModinfoError> {
+    let ident = data
+        .read_bytes_at(0, ELF64_EHDR_SIZE)
+        .map_err(|()| beyond_end(data, "the ELF header (offset 0, 64 bytes)"))?;
+    if ident[..4] != object::elf::ELFMAG {
+        return Err(ModinfoError::not_elf("not an ELF file (bad magic)"));
+    }
+    if ident[4] != object::elf::ELFCLASS64 {
+        return Err(ModinfoError::not_elf(format!(
+            "ELF class {} is not ELF64; only 64-bit modules are supported",
+            ident[4]
+        )));
+    }
+    if ident[5] != object::elf::ELFDATA2LSB {
+        return Err(ModinfoError::not_elf(
+            "big-endian ELF; only little-endian modules (x86_64, arm64) are supported",
+        ));
+    }
+    Header::parse(data).map_err(|e| ModinfoError::not_elf(format!("the ELF header: {e}")))
+}
+
+/// The `.modinfo` section's header, found by name in the section table.
+fn modinfo_section<'a, R: ReadRef<'a>>(
+    header: &'a Header,
+    data: R,
+) -> Result<&'a <Header as FileHeader>::SectionHeader, ModinfoError> {
+    let endian = LittleEndian;
+    if header.e_shoff(endian) == 0 {
+        return Err(ModinfoError::not_elf("no section header table"));
+    }
+    let count = header
+        .shnum(endian, data)
+        .map_err(|_| beyond_end(data, "section header 0"))?;
+    if count == 0 || count > MAX_SECTION_HEADERS {
+        return Err(ModinfoError::not_elf(format!(
+            "implausible section count {count}"
+        )));
+    }
+    let names_at = header
+        .shstrndx(endian, data)
+        .map_err(|e| ModinfoError::not_elf(format!("section name table index: {e}")))?;
+    if names_at as usize >= count {
+        return Err(ModinfoError::not_elf(format!(
+            "section name table index {names_at} is not below the section count {count}"
+        )));
+    }
+    let table = header
+        .sections(endian, data)
+        .map_err(|e| beyond_end(data, &format!("the section header table ({e})")))?;
+    table
+        .section_by_name(endian, b".modinfo")
+        .map(|(_, s)| s)
+        .ok_or(ModinfoError::NoModinfo { at: At::default() })
 }
 
 /// Splits `.modinfo` contents: NUL-separated `key=value` strings, with NUL
@@ -299,9 +259,9 @@ pub fn parse_fields(data: &[u8]) -> Result<Vec<(String, String)>, ModinfoError> 
     let mut fields = Vec::new();
     for raw in data.split(|&b| b == 0).filter(|s| !s.is_empty()) {
         let text = String::from_utf8_lossy(raw);
-        let (k, v) = text
-            .split_once('=')
-            .ok_or_else(|| format!(".modinfo entry {text:?} is not key=value"))?;
+        let (k, v) = text.split_once('=').ok_or_else(|| {
+            ModinfoError::malformed(format!(".modinfo entry {text:?} is not key=value"))
+        })?;
         fields.push((k.to_string(), v.to_string()));
     }
     Ok(fields)
@@ -314,7 +274,8 @@ fn from_fields(fields: Vec<(String, String)>) -> Result<ModInfo, ModinfoError> {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.clone())
     };
-    let vermagic = get("vermagic").ok_or(".modinfo has no vermagic")?;
+    let vermagic =
+        get("vermagic").ok_or_else(|| ModinfoError::malformed(".modinfo has no vermagic"))?;
     let depends = get("depends")
         .map(|d| {
             d.split(',')
@@ -455,13 +416,18 @@ mod tests {
             ),
         ];
         for (what, bytes, want) in cases {
-            let err = parse_modinfo(&bytes).unwrap_err().0;
+            let err = parse_modinfo(&bytes).unwrap_err().to_string();
             assert!(err.contains(want), "{what}: {err}");
         }
         // A module without a .modinfo section.
         let mut m = good.clone();
         let pos = m.windows(8).position(|w| w == b".modinfo").unwrap();
         m[pos..pos + 8].copy_from_slice(b".modinfX");
-        assert!(parse_modinfo(&m).unwrap_err().0.contains("no .modinfo"));
+        assert!(
+            parse_modinfo(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("no .modinfo")
+        );
     }
 }

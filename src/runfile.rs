@@ -162,16 +162,45 @@ pub(crate) fn parse(path: &Path, file: &mut File) -> Result<Makeself> {
         })?),
         None => None,
     };
+    let (chunks, checked) = payload_chunks(path, file, offset, &header, payload_start, file_len)?;
+    if payload_start >= file_len {
+        return Err(invalid("truncated: no payload after the makeself header"));
+    }
 
-    let sums = HeaderSums {
-        md5: values(&header, "MD5"),
-        sha: values(&header, "SHA"),
-        crc: values(&header, "CRCsum"),
+    Ok(Makeself {
+        chunks,
+        checked,
+        compression,
+        decompress_cmd: cmd,
+    })
+}
+
+/// The payload's chunks and the checksums to verify them with: `head -n`
+/// headers list their chunks' sizes; `tail -n +N` ones have one chunk to
+/// the end of the file.
+fn payload_chunks(
+    path: &Path,
+    file: &mut File,
+    offset: Offset,
+    header: &[&str],
+    payload_start: u64,
+    file_len: u64,
+) -> Result<(Vec<Chunk>, Vec<Checked>)> {
+    let invalid = |what: &str| {
+        Error::new(
+            Reason::ArchiveInvalid,
+            format!("{}: {what}", path.display()),
+        )
     };
-    let (chunks, checked) = match offset {
+    let sums = HeaderSums {
+        md5: values(header, "MD5"),
+        sha: values(header, "SHA"),
+        crc: values(header, "CRCsum"),
+    };
+    match offset {
         Offset::Head(_) => {
             let have = file_len.saturating_sub(payload_start);
-            head_chunks(&header, &sums, payload_start, have).map_err(|m| invalid(&m.message))?
+            head_chunks(header, &sums, payload_start, have).map_err(|m| invalid(&m.message))
         }
         Offset::Tail(_) => {
             // `tail -n +4 $0`: from line 4 to the end of the file.
@@ -185,19 +214,9 @@ pub(crate) fn parse(path: &Path, file: &mut File) -> Result<Makeself> {
                 len: None,
                 expected: sums.expected(0),
             }];
-            (chunks, checked)
+            Ok((chunks, checked))
         }
-    };
-    if payload_start >= file_len {
-        return Err(invalid("truncated: no payload after the makeself header"));
     }
-
-    Ok(Makeself {
-        chunks,
-        checked,
-        compression,
-        decompress_cmd: cmd,
-    })
 }
 
 /// Verifies every checksum the header gives; returns which kinds were
@@ -428,77 +447,15 @@ fn head_chunks(
 /// Finds how the header computes the payload offset. Errors are
 /// ArchiveInvalid; the caller adds the file and whether it was cut short.
 fn find_offset(lines: &[&str]) -> Result<Offset> {
-    let bad = |m: String| Error::new(Reason::ArchiveInvalid, m);
-    let skip_line = lines.iter().position(|l| var_value(l, "skip").is_some());
-    let skip = match skip_line {
-        Some(i) => {
-            let v = var_value(lines[i], "skip").unwrap_or_default();
-            Some((
-                i,
-                v.parse::<usize>()
-                    .map_err(|_| bad(format!("makeself header has a malformed skip=\"{v}\"")))?,
-            ))
-        }
-        None => None,
-    };
-    let mut head_var = false;
-    let mut tail_var = false;
-    let mut head_literals = Vec::new();
-    for line in lines {
-        for rest in after_all(line, "head -n ") {
-            let rest = rest.trim_start_matches('"');
-            if uses_var(rest, "skip") {
-                head_var = true;
-            } else if let Some((n, len)) = leading_number(rest) {
-                // 2.1.x: `head -n 714 "$0"`; only when the archive itself
-                // is the argument (`| head -n 1` is something else).
-                let after = rest[len..].trim_start();
-                if after.starts_with("\"$0\"")
-                    || after.starts_with("\"$1\"")
-                    || after.starts_with("$0")
-                {
-                    head_literals.push(n);
-                }
-            }
-        }
-        for rest in after_all(line, "tail -n +") {
-            if uses_var(rest, "skip") {
-                tail_var = true;
-            }
-        }
-    }
-    head_literals.sort_unstable();
-    head_literals.dedup();
-    if head_literals.len() > 1 {
+    let skip = skip_value(lines)?;
+    let uses = offset_uses(lines);
+    if uses.head_literals.len() > 1 {
         return Err(bad(format!(
-            "makeself header gives conflicting header sizes: head -n {head_literals:?}"
+            "makeself header gives conflicting header sizes: head -n {:?}",
+            uses.head_literals
         )));
     }
-    let offset = match (head_var, tail_var, skip, head_literals.first()) {
-        (true, true, _, _) => {
-            return Err(bad(
-                "makeself header uses skip both as a line count and a start line".into(),
-            ));
-        }
-        (true, false, Some((_, n)), lit) => {
-            if let Some(l) = lit
-                && *l != n
-            {
-                return Err(bad(format!(
-                    "makeself header gives skip={n} but head -n {l}"
-                )));
-            }
-            Offset::Head(n)
-        }
-        (false, true, Some((_, n)), _) => Offset::Tail(n),
-        (false, _, _, Some(l)) => Offset::Head(*l),
-        _ => {
-            return Err(bad(
-                "no payload offset found: not a makeself header this installer knows (skip= with head -n or tail -n +)"
-                    .into(),
-            ));
-        }
-    };
+    let offset = offset_of(&uses, skip)?;
     let (n, min) = match offset {
         Offset::Head(n) => (n, 1),
         Offset::Tail(n) => (n, 2),
@@ -514,11 +471,96 @@ fn find_offset(lines: &[&str]) -> Result<Offset> {
             Offset::Head(n) => n,
             Offset::Tail(n) => n - 1,
         };
-        if i >= header_lines && (head_var || tail_var) {
+        if i >= header_lines && (uses.head_var || uses.tail_var) {
             return Err(bad("skip= lies outside the header it describes".into()));
         }
     }
     Ok(offset)
+}
+
+fn bad(m: String) -> Error {
+    Error::new(Reason::ArchiveInvalid, m)
+}
+
+/// The first `skip=` assignment: its line index and value.
+fn skip_value(lines: &[&str]) -> Result<Option<(usize, usize)>> {
+    let Some(i) = lines.iter().position(|l| var_value(l, "skip").is_some()) else {
+        return Ok(None);
+    };
+    let v = var_value(lines[i], "skip").unwrap_or_default();
+    let n = v
+        .parse::<usize>()
+        .map_err(|_| bad(format!("makeself header has a malformed skip=\"{v}\"")))?;
+    Ok(Some((i, n)))
+}
+
+/// How the header's `head -n` and `tail -n +` commands use the offset.
+struct OffsetUses {
+    /// `head -n $skip`
+    head_var: bool,
+    /// `tail -n +$skip`
+    tail_var: bool,
+    /// `head -n 714 "$0"`, sorted and deduplicated.
+    head_literals: Vec<usize>,
+}
+
+fn offset_uses(lines: &[&str]) -> OffsetUses {
+    let mut uses = OffsetUses {
+        head_var: false,
+        tail_var: false,
+        head_literals: Vec::new(),
+    };
+    for line in lines {
+        for rest in after_all(line, "head -n ") {
+            let rest = rest.trim_start_matches('"');
+            if uses_var(rest, "skip") {
+                uses.head_var = true;
+            } else if let Some((n, len)) = leading_number(rest) {
+                // 2.1.x: `head -n 714 "$0"`; only when the archive itself
+                // is the argument (`| head -n 1` is something else).
+                let after = rest[len..].trim_start();
+                if after.starts_with("\"$0\"")
+                    || after.starts_with("\"$1\"")
+                    || after.starts_with("$0")
+                {
+                    uses.head_literals.push(n);
+                }
+            }
+        }
+        for rest in after_all(line, "tail -n +") {
+            if uses_var(rest, "skip") {
+                uses.tail_var = true;
+            }
+        }
+    }
+    uses.head_literals.sort_unstable();
+    uses.head_literals.dedup();
+    uses
+}
+
+/// The offset the uses and `skip=` agree on.
+fn offset_of(uses: &OffsetUses, skip: Option<(usize, usize)>) -> Result<Offset> {
+    match (uses.head_var, uses.tail_var, skip, uses.head_literals.first()) {
+        (true, true, _, _) => Err(bad(
+            "makeself header uses skip both as a line count and a start line".into(),
+        )),
+        (true, false, Some((_, n)), lit) => {
+            if let Some(l) = lit
+                && *l != n
+            {
+                return Err(bad(format!(
+                    "makeself header gives skip={n} but head -n {l}"
+                )));
+            }
+            Ok(Offset::Head(n))
+        }
+        (false, true, Some((_, n)), _) => Ok(Offset::Tail(n)),
+        (false, _, _, Some(l)) => Ok(Offset::Head(*l)),
+        _ => Err(bad(
+            "no payload offset found: not a makeself header this installer knows (skip= with head -n or tail -n +)"
+                .into(),
+        )),
+    }
 }
 
 /// `$name`, `${name}` or `"$name"` at the start of `s` (with an optional

@@ -130,7 +130,7 @@ pub(super) fn host_systemd(root: &HostRoot) -> HostSystemd {
 }
 
 /// The host tools run in the host's namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostTool {
     Systemctl,
     Journalctl,

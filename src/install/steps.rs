@@ -131,7 +131,7 @@ fn check_vermagic(
     for entry in &manifest.modules {
         let path = staging.path.join(&entry.file);
         let info =
-            modinfo::read_modinfo(&path).map_err(|e| Error::new(Reason::ArtifactInvalid, e.0))?;
+            modinfo::read_modinfo(&path).map_err(|e| e.into_error(Reason::ArtifactInvalid))?;
         all.push(Selected {
             info,
             rel: entry.file.clone(),

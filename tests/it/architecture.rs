@@ -124,7 +124,9 @@ fn graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
     }
     let known: BTreeSet<String> = g.keys().cloned().collect();
     for (p, code) in &files {
-        let Some(m) = module_of(krate, p) else { continue };
+        let Some(m) = module_of(krate, p) else {
+            continue;
+        };
         let deps = g.entry(m.clone()).or_default();
         for n in crate_paths(code) {
             if n != m && known.contains(&n) {

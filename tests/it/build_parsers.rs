@@ -724,7 +724,10 @@ fn modinfo_of_a_real_module() {
         let _ = parse_modinfo(&bytes[..n]);
     }
     let missing = read_modinfo(Path::new("/nonexistent/x.ko")).unwrap_err();
-    assert!(missing.0.contains("/nonexistent/x.ko"), "{missing}");
+    assert!(
+        missing.to_string().contains("/nonexistent/x.ko"),
+        "{missing}"
+    );
 }
 
 #[test]

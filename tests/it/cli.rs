@@ -1056,3 +1056,36 @@ fn nvswitch_hosts_plan_fabric_manager_of_the_drivers_version() {
     assert!(r.doc["status"].get("fabricManager").is_none(), "{}", r.doc);
     assert!(r.doc["status"].get("persistenced").is_none(), "{}", r.doc);
 }
+
+/// `matrix-exclusions` prints what `scripts/matrix-exclusions` printed when
+/// it was Python (expected-exclusions.toml is that script's output for the
+/// fixture matrix): a covered pair and an unreadable one as comments, one
+/// suggestion per branch, flavor and series with its lowest kernel.
+#[test]
+fn matrix_exclusions_suggest_what_the_catalog_lacks() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/matrix");
+    let want = fs::read_to_string(dir.join("expected-exclusions.toml")).unwrap();
+    let catalog = Path::new(env!("CARGO_MANIFEST_DIR")).join("catalog/catalog.toml");
+    let catalog = catalog.to_str().unwrap();
+    for args in [
+        &[
+            "matrix-exclusions",
+            "--matrix",
+            "matrix.json",
+            "--catalog",
+            catalog,
+        ][..],
+        // The embedded catalog is catalog/catalog.toml.
+        &["matrix-exclusions", "--matrix", "matrix.json"][..],
+    ] {
+        let out = bin().args(args).current_dir(&dir).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), want, "{args:?}");
+    }
+    let out = bin()
+        .args(["matrix-exclusions", "--matrix", "/nonexistent/matrix.json"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/matrix.json"));
+}

@@ -6,14 +6,22 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::host::{CpuArch, KernelVersion, ModuleFlavor, is_driver_version};
-use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
+use crate::host::{CpuArch, KernelVersion, ModuleFlavor};
+use crate::report::Reason;
 
-pub const EMBEDDED: &str = include_str!("../catalog/catalog.toml");
+mod check;
+mod matrix;
+mod validate;
+
+pub use check::{
+    CatalogCheck, CatalogCheckSpec, CatalogCheckStatus, DefaultChoice, check_document,
+};
+pub use matrix::matrix_exclusions;
+
+pub const EMBEDDED: &str = include_str!("../../catalog/catalog.toml");
 /// 2: releases per branch, digests per CPU architecture, `{arch}` in URL
 /// templates, exclusions bounded by driver version and citing evidence.
 pub const SCHEMA_VERSION: u32 = 2;
@@ -265,114 +273,6 @@ impl Catalog {
         Ok(cat)
     }
 
-    fn validate(&mut self) -> Result<()> {
-        let bad = |m: String| Error::new(Reason::CatalogInvalid, m);
-        if self.schema_version != SCHEMA_VERSION {
-            return Err(bad(format!(
-                "schemaVersion {} is not supported (this installer reads {SCHEMA_VERSION})",
-                self.schema_version
-            )));
-        }
-        for d in &self.drivers {
-            if !is_driver_version(&d.version) {
-                return Err(bad(format!("driver version {:?} is malformed", d.version)));
-            }
-            if branch_of(&d.version).map(|b| b.to_string()) != Some(d.branch.clone()) {
-                return Err(bad(format!(
-                    "driver {} is listed under branch {}",
-                    d.version, d.branch
-                )));
-            }
-            for (arch, sum) in &d.sha256 {
-                if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(bad(format!(
-                        "driver {} ({arch}): sha256 is not 64 hex digits",
-                        d.version
-                    )));
-                }
-            }
-            if !d.sha256.is_empty() && d.digest_source.as_deref().is_none_or(str::is_empty) {
-                return Err(bad(format!(
-                    "driver {}: sha256 without a digestSource saying where it comes from",
-                    d.version
-                )));
-            }
-        }
-        let known_branch = |b: &str| self.drivers.iter().any(|d| d.branch == b);
-        if !known_branch(&self.default_branch) {
-            return Err(bad(format!(
-                "defaultBranch {} has no [[drivers]] entry",
-                self.default_branch
-            )));
-        }
-        for p in &self.policies {
-            if !known_branch(&p.branch) {
-                return Err(bad(format!(
-                    "policy {} names branch {}, which has no [[drivers]] entry",
-                    p.name, p.branch
-                )));
-            }
-        }
-        for a in &mut self.architectures {
-            a.ranges = a
-                .device_ids
-                .iter()
-                .map(|r| {
-                    parse_range(r).ok_or_else(|| {
-                        bad(format!(
-                            "architecture {}: bad device id range {r:?} (want \"0x1e00-0x1fff\")",
-                            a.name
-                        ))
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-        }
-        for m in &self.module_params {
-            let ok_module = !m.module.is_empty()
-                && m.module
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            let ok_params = m.params.split_whitespace().all(|p| {
-                p.split_once('=').is_some_and(|(k, _)| !k.is_empty()) && !p.contains('\0')
-            });
-            if !ok_module || !ok_params || m.params.trim().is_empty() {
-                return Err(bad(format!(
-                    "moduleParams {:?} {:?}: want a module name and key=value words",
-                    m.module, m.params
-                )));
-            }
-        }
-        for r in &self.flavor_rules {
-            for k in [&r.kernel_min, &r.kernel_max].into_iter().flatten() {
-                if KernelVersion::parse(k).is_none() {
-                    return Err(bad(format!(
-                        "flavor rule for {}: bad kernel version {k:?}",
-                        r.os
-                    )));
-                }
-            }
-        }
-        for x in &self.exclusions {
-            if let Some(before) = &x.driver_before {
-                if x.driver.contains('.') || !is_driver_version(before) {
-                    return Err(bad(format!(
-                        "exclusion for driver {}: driverBefore {before:?} needs a branch in driver and a version",
-                        x.driver
-                    )));
-                }
-            }
-            for k in [&x.kernel_min, &x.kernel_max].into_iter().flatten() {
-                if KernelVersion::parse(k).is_none() {
-                    return Err(bad(format!(
-                        "exclusion for driver {}: bad kernel version {k:?}",
-                        x.driver
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
     pub fn os(&self, id: &str) -> Option<&OsEntry> {
         self.os.iter().find(|o| o.id == id)
     }
@@ -501,226 +401,6 @@ impl Catalog {
 /// Auto picks the open modules for Turing and newer from this branch on
 /// (NVIDIA's default since 560).
 pub const OPEN_BY_DEFAULT_FROM: u32 = 560;
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CatalogCheckSpec {
-    /// `embedded` or the `--catalog` path.
-    pub catalog: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CatalogCheckStatus {
-    #[serde(flatten)]
-    pub outcome: Outcome,
-    /// Every inconsistency found, one line each.
-    #[serde(default)]
-    pub problems: Vec<String>,
-    /// What each listed OS release installs by default.
-    #[serde(default)]
-    pub defaults: Vec<DefaultChoice>,
-}
-
-/// What an OS release installs by default on one kernel series and CPU.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DefaultChoice {
-    pub os: String,
-    pub os_version: String,
-    pub kernel_series: String,
-    pub arch: CpuArch,
-    pub driver_version: String,
-    /// `policy <name>` or `default branch <branch>`.
-    pub chosen_by: String,
-    /// Auto's flavor for Turing and newer GPUs, at the series' first and
-    /// a late patch release (two when a flavor rule ends within it).
-    pub flavors_for_turing_and_newer: Vec<ModuleFlavor>,
-}
-
-pub type CatalogCheck = Document<CatalogCheckSpec, CatalogCheckStatus>;
-
-impl StatusOutcome for CatalogCheckStatus {
-    fn outcome(&self) -> &Outcome {
-        &self.outcome
-    }
-}
-
-/// `catalog-check`: the catalog (already loaded, or the error loading it)
-/// checked, as a result document.
-pub fn check_document(label: String, catalog: Result<Catalog>) -> CatalogCheck {
-    let (outcome, problems, defaults) = match catalog {
-        Err(e) => (Outcome::from(&e), Vec::new(), Vec::new()),
-        Ok(cat) => {
-            let (problems, defaults) = cat.check_with_defaults();
-            let outcome = if problems.is_empty() {
-                Outcome::new(
-                    Reason::CatalogChecked,
-                    format!(
-                        "{}: {} OS releases, {} driver releases, {} exclusions; every default resolves with a digest on {}",
-                        cat.origin,
-                        cat.os.iter().map(|o| o.releases.len()).sum::<usize>(),
-                        cat.drivers.len(),
-                        cat.exclusions.len(),
-                        cat.cpu_architectures
-                            .iter()
-                            .map(|a| a.nvidia_name())
-                            .collect::<Vec<_>>()
-                            .join(" and ")
-                    ),
-                )
-            } else {
-                Outcome::new(
-                    Reason::CatalogInvalid,
-                    format!(
-                        "{}: {} problem(s): {}",
-                        cat.origin,
-                        problems.len(),
-                        problems.join("; ")
-                    ),
-                )
-            };
-            (outcome, problems, defaults)
-        }
-    };
-    Document::new(
-        Kind::CatalogCheck,
-        CatalogCheckSpec { catalog: label },
-        CatalogCheckStatus {
-            outcome,
-            problems,
-            defaults,
-        },
-    )
-}
-
-impl Catalog {
-    /// Consistency beyond what parsing checks, for `catalog-check` and the
-    /// tests: every OS release and kernel series it lists resolves, on every
-    /// CPU architecture, to a default release that has a digest and is not
-    /// excluded there; every exclusion says how the break is known.
-    pub fn check(&self) -> Vec<String> {
-        self.check_with_defaults().0
-    }
-
-    /// [`Catalog::check`], and what every listed OS release installs by
-    /// default (the compatibility table).
-    pub fn check_with_defaults(&self) -> (Vec<String>, Vec<DefaultChoice>) {
-        let mut problems = Vec::new();
-        let mut defaults = Vec::new();
-        for os in &self.os {
-            for rel in &os.releases {
-                for series in &rel.kernel_series {
-                    for &arch in &self.cpu_architectures {
-                        defaults.extend(self.check_default(os, rel, series, arch, &mut problems));
-                    }
-                }
-            }
-        }
-        for x in &self.exclusions {
-            if !evidence_ok(&x.evidence) {
-                problems.push(format!(
-                    "exclusion for driver {} ({}): evidence must be \"measured: <where>\" or \"cited: <source>\", not {:?}",
-                    x.driver, x.reason, x.evidence
-                ));
-            }
-        }
-        let others = self
-            .module_params
-            .iter()
-            .map(|m| {
-                (
-                    format!("moduleParams {} {}", m.module, m.params),
-                    &m.evidence,
-                )
-            })
-            .chain(
-                self.iommu_passthrough
-                    .iter()
-                    .map(|r| (format!("iommuPassthrough for {}", r.os), &r.evidence)),
-            );
-        for (what, evidence) in others {
-            if !evidence_ok(evidence) {
-                problems.push(format!(
-                    "{what}: evidence must be \"measured: <where>\" or \"cited: <source>\", not {evidence:?}"
-                ));
-            }
-        }
-        for r in &self.flavor_rules {
-            if !evidence_ok(&r.evidence) {
-                problems.push(format!(
-                    "flavor rule for {} ({}): evidence must be \"measured: <where>\" or \"cited: <source>\", not {:?}",
-                    r.os, r.reason, r.evidence
-                ));
-            }
-        }
-        problems.sort();
-        problems.dedup();
-        (problems, defaults)
-    }
-
-    fn check_default(
-        &self,
-        os: &OsEntry,
-        rel: &OsRelease,
-        series: &str,
-        arch: CpuArch,
-        problems: &mut Vec<String>,
-    ) -> Option<DefaultChoice> {
-        let at = format!("{} {} on kernel {series} ({arch})", os.name, rel.version);
-        // The series' first and a late patch release: exclusions often
-        // start with a stable backport.
-        let kernels: Vec<KernelVersion> = ["0", "255"]
-            .iter()
-            .filter_map(|p| KernelVersion::parse(&format!("{series}.{p}")))
-            .collect();
-        if kernels.is_empty() {
-            problems.push(format!("{at}: {series:?} is not a kernel series like 6.12"));
-            return None;
-        }
-        let policy = self.policy_for(&os.id, Some(&rel.version), kernels.first().copied());
-        let branch = policy.map_or(self.default_branch.as_str(), |p| p.branch.as_str());
-        let Some(release) = self.default_release(branch, arch) else {
-            problems.push(format!("{at}: branch {branch} has no release"));
-            return None;
-        };
-        if release.sha256_for(arch).is_none() {
-            problems.push(format!(
-                "{at}: default release {} has no {arch} digest",
-                release.version
-            ));
-        }
-        let mut flavors = Vec::new();
-        for k in kernels {
-            let flavor = match (self.flavor_rule_for(&os.id, k), branch_of(&release.version)) {
-                (Some(rule), _) => rule.flavor,
-                (None, Some(b)) if b >= OPEN_BY_DEFAULT_FROM => ModuleFlavor::Open,
-                (None, _) => ModuleFlavor::Proprietary,
-            };
-            if let Some(x) = self.exclusion_for(&release.version, k, Some(flavor)) {
-                problems.push(format!(
-                    "{at}: default release {} ({flavor}) is excluded on {k}: {}",
-                    release.version, x.reason
-                ));
-            }
-            if !flavors.contains(&flavor) {
-                flavors.push(flavor);
-            }
-        }
-        Some(DefaultChoice {
-            os: os.name.clone(),
-            os_version: rel.version.clone(),
-            kernel_series: series.to_string(),
-            arch,
-            driver_version: release.version.clone(),
-            chosen_by: policy.map_or_else(
-                || format!("default branch {branch}"),
-                |p| format!("policy {}", p.name),
-            ),
-            flavors_for_turing_and_newer: flavors,
-        })
-    }
-}
 
 impl OsEntry {
     pub fn release_for(&self, version: &str) -> Option<&OsRelease> {

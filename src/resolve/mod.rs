@@ -11,10 +11,13 @@ use crate::headers::installed_headers;
 use crate::host::{self, CpuArch, HostRoot, KernelVersion, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, StatusOutcome};
 
+mod flavor;
+
+pub use flavor::choose_flavor;
+use flavor::flavor_by_rule;
+
 /// `--flavor`
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FlavorChoice {
     #[default]
@@ -250,24 +253,7 @@ pub fn resolve_report(opts: &ResolveOptions, report: &HostReport) -> InstallPlan
 
 fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Result<String> {
     let cat = opts.catalog;
-    let os = report
-        .status
-        .os
-        .as_ref()
-        .ok_or_else(|| Error::new(Reason::Internal, "detected without os"))?;
-    let release = report
-        .status
-        .kernel_release
-        .clone()
-        .ok_or_else(|| Error::new(Reason::Internal, "detected without kernel release"))?;
-    let kernel = KernelVersion::parse(&release).ok_or_else(|| {
-        Error::new(
-            Reason::InvalidArgument,
-            format!("kernel release {release:?} does not start with a version like 6.12.0"),
-        )
-        .with_hint("check --kernel-release or the host's /proc/sys/kernel/osrelease")
-    })?;
-
+    let (os, release, kernel) = detected_target(report)?;
     let arch = match report.status.arch {
         Some(a) => a,
         None => crate::host::running_arch()?,
@@ -296,16 +282,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     st.flavor_reason = Some(why);
 
     // 4. Known-broken pairs.
-    if let Some(x) = cat.exclusion_for(&version, kernel, Some(flavor)) {
-        return Err(Error::new(
-            Reason::IncompatibleKernel,
-            format!(
-                "driver {version} ({flavor}) is known not to work with kernel {release}: {}",
-                x.reason
-            ),
-        )
-        .with_hint("choose another --driver-version or kernel"));
-    }
+    refuse_excluded(cat, &version, kernel, flavor, &release)?;
 
     // 5. Headers.
     let headers = find_headers(opts.root, cat, os, &release, kernel)?;
@@ -319,8 +296,64 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
         .iter()
         .filter_map(|(_, a)| a.map(|a| a.name.as_str()))
         .collect();
+    plan_tuning(st, cat, os, &families);
+
+    // 8. The daemons: Fabric Manager for NVSwitches, persistenced for
+    //    data-center GPUs.
+    st.fabric_manager = fabric_manager_for(report, cat, &version, arch, &families);
+    st.persistenced = persistenced_for(&report.status.gpus);
+    st.warnings.extend(nvlink5_warning(report));
+
+    Ok(plan_message(st, cat, source, &headers, &release))
+}
+
+/// The OS, kernel release and its version that detect reported.
+fn detected_target(report: &HostReport) -> Result<(&host::OsInfo, String, KernelVersion)> {
+    let os = report
+        .status
+        .os
+        .as_ref()
+        .ok_or_else(|| Error::new(Reason::Internal, "detected without os"))?;
+    let release = report
+        .status
+        .kernel_release
+        .clone()
+        .ok_or_else(|| Error::new(Reason::Internal, "detected without kernel release"))?;
+    let kernel = KernelVersion::parse(&release).ok_or_else(|| {
+        Error::new(
+            Reason::InvalidArgument,
+            format!("kernel release {release:?} does not start with a version like 6.12.0"),
+        )
+        .with_hint("check --kernel-release or the host's /proc/sys/kernel/osrelease")
+    })?;
+    Ok((os, release, kernel))
+}
+
+/// IncompatibleKernel where the catalog lists the pair as broken.
+fn refuse_excluded(
+    cat: &Catalog,
+    version: &str,
+    kernel: KernelVersion,
+    flavor: ModuleFlavor,
+    release: &str,
+) -> Result<()> {
+    match cat.exclusion_for(version, kernel, Some(flavor)) {
+        Some(x) => Err(Error::new(
+            Reason::IncompatibleKernel,
+            format!(
+                "driver {version} ({flavor}) is known not to work with kernel {release}: {}",
+                x.reason
+            ),
+        )
+        .with_hint("choose another --driver-version or kernel")),
+        None => Ok(()),
+    }
+}
+
+/// Module parameters for these GPU families, IOMMU passthrough for the OS.
+fn plan_tuning(st: &mut PlanStatus, cat: &Catalog, os: &host::OsInfo, families: &[&str]) {
     st.module_params = cat
-        .module_params_for(&families)
+        .module_params_for(families)
         .into_iter()
         .map(|m| PlannedParams {
             module: m.module.clone(),
@@ -331,22 +364,31 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     st.iommu_passthrough = cat
         .iommu_passthrough_for(&os.id, os.variant_id.as_deref())
         .map(|r| r.reason.clone());
+}
 
-    // 8. The daemons: Fabric Manager for NVSwitches, persistenced for
-    //    data-center GPUs.
-    st.fabric_manager = fabric_manager_for(report, cat, &version, arch, &families);
-    st.persistenced = persistenced_for(&report.status.gpus);
-    st.warnings.extend(nvlink5_warning(report));
-
+/// The Resolved message: version and where it came from, flavor, kernel,
+/// headers, and whether the package's checksum is known.
+fn plan_message(
+    st: &PlanStatus,
+    cat: &Catalog,
+    source: VersionSource,
+    headers: &Headers,
+    release: &str,
+) -> String {
+    let version = st.driver_version.as_deref().unwrap_or_default();
+    let flavor = st.module_flavor.map(|f| f.to_string()).unwrap_or_default();
     let headers_text = match headers.source {
         HeadersSource::Installed => {
-            format!("installed headers {}", headers.path.unwrap_or_default())
+            format!(
+                "installed headers {}",
+                headers.path.clone().unwrap_or_default()
+            )
         }
         HeadersSource::Package => format!(
             "package {} from {} {}",
-            headers.package.unwrap_or_default(),
-            headers.repository.unwrap_or_default(),
-            headers.suite.unwrap_or_default()
+            headers.package.clone().unwrap_or_default(),
+            headers.repository.clone().unwrap_or_default(),
+            headers.suite.clone().unwrap_or_default()
         ),
     };
     let checksum_note = if st.package.as_ref().is_some_and(|p| p.checksum_known) {
@@ -354,14 +396,14 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     } else {
         "; no checksum known for the package: fetching needs one from a trusted companion file or an explicit opt-in"
     };
-    Ok(format!(
+    format!(
         "driver {version} ({flavor} modules, version from {}) for kernel {release} with {headers_text}{checksum_note}",
         match source {
             VersionSource::Flag => "--driver-version".to_string(),
             VersionSource::Policy => format!("policy {}", st.policy.as_deref().unwrap_or("?")),
             VersionSource::Default => format!("default branch {}", cat.default_branch),
         }
-    ))
+    )
 }
 
 /// `--driver-version` (a release, or a branch: its default release), else
@@ -582,117 +624,6 @@ fn branch_bounds(a: &Architecture) -> String {
         (None, Some(hi)) => format!(" ({} is supported up to {hi})", a.name),
         (None, None) => String::new(),
     }
-}
-
-/// Open for Turing and newer with drivers from 560 on, proprietary otherwise;
-/// open is refused for GPUs that cannot use it (Volta and older), and
-/// proprietary for GPUs only the open modules drive (Blackwell).
-pub fn choose_flavor(
-    choice: FlavorChoice,
-    branch: u32,
-    archs: &[(&Gpu, Option<&Architecture>)],
-) -> Result<(ModuleFlavor, String)> {
-    let not_open: Vec<String> = archs
-        .iter()
-        .filter(|(_, a)| !a.is_some_and(|a| a.open_modules))
-        .map(|(g, a)| describe(g, *a))
-        .collect();
-    let open_only: Vec<String> = archs
-        .iter()
-        .filter(|(_, a)| a.is_some_and(|a| a.open_only))
-        .map(|(g, a)| describe(g, *a))
-        .collect();
-    let refuse = |msg: String| Err(Error::new(Reason::FlavorNotSupported, msg));
-    if !open_only.is_empty() && !not_open.is_empty() {
-        return refuse(format!(
-            "no module flavor drives every GPU: {} need the open modules, {} cannot use them",
-            open_only.join(", "),
-            not_open.join(", ")
-        ));
-    }
-    match choice {
-        FlavorChoice::Open if !not_open.is_empty() => refuse(format!(
-            "the open kernel modules cannot drive {} (they need Turing or newer)",
-            not_open.join(", ")
-        ))
-        .map_err(|e: Error| e.with_hint("use --flavor proprietary or auto")),
-        FlavorChoice::Proprietary if !open_only.is_empty() => refuse(format!(
-            "the proprietary kernel modules cannot drive {}",
-            open_only.join(", ")
-        ))
-        .map_err(|e: Error| e.with_hint("use --flavor open or auto")),
-        FlavorChoice::Open => Ok((ModuleFlavor::Open, "requested with --flavor open".into())),
-        FlavorChoice::Proprietary => Ok((
-            ModuleFlavor::Proprietary,
-            "requested with --flavor proprietary".into(),
-        )),
-        FlavorChoice::Auto if !open_only.is_empty() => Ok((
-            ModuleFlavor::Open,
-            format!("{} only work with the open modules", open_only.join(", ")),
-        )),
-        FlavorChoice::Auto if !not_open.is_empty() => Ok((
-            ModuleFlavor::Proprietary,
-            format!("{} cannot use the open modules", not_open.join(", ")),
-        )),
-        FlavorChoice::Auto if branch >= OPEN_DEFAULT_FROM_BRANCH => Ok((
-            ModuleFlavor::Open,
-            format!(
-                "all GPUs are Turing or newer and branch {branch} defaults to open (>= {OPEN_DEFAULT_FROM_BRANCH})"
-            ),
-        )),
-        FlavorChoice::Auto => Ok((
-            ModuleFlavor::Proprietary,
-            format!("branch {branch} predates open-by-default ({OPEN_DEFAULT_FROM_BRANCH})"),
-        )),
-    }
-}
-
-/// On a kernel where only `rule.flavor` works: auto takes it, the other
-/// flavor is refused with the rule's reason, and so are GPUs that cannot
-/// use it.
-fn flavor_by_rule(
-    rule: &catalog::FlavorRule,
-    choice: FlavorChoice,
-    branch: u32,
-    archs: &[(&Gpu, Option<&Architecture>)],
-    release: &str,
-) -> Result<(ModuleFlavor, String)> {
-    let only = match rule.flavor {
-        ModuleFlavor::Open => FlavorChoice::Open,
-        ModuleFlavor::Proprietary => FlavorChoice::Proprietary,
-    };
-    let refused = |what: String| {
-        Error::new(
-            Reason::FlavorNotSupported,
-            format!(
-                "{what}, but only the {} modules work on kernel {release}: {}",
-                rule.flavor, rule.reason
-            ),
-        )
-    };
-    if choice != FlavorChoice::Auto && choice != only {
-        return Err(
-            refused(format!("{choice:?} modules were asked for").to_lowercase())
-                .with_hint("use --flavor auto, or a kernel where both flavors work"),
-        );
-    }
-    let (flavor, _) = choose_flavor(only, branch, archs).map_err(|e| refused(e.message))?;
-    Ok((
-        flavor,
-        format!(
-            "only the {flavor} modules work on kernel {release}: {}",
-            rule.reason
-        ),
-    ))
-}
-
-fn describe(g: &Gpu, a: Option<&Architecture>) -> String {
-    format!(
-        "{} ({} {})",
-        g.pci_address,
-        a.map_or("unknown architecture", |a| a.name.as_str()),
-        g.device_id
-    )
 }
 
 /// Headers already on the host first, then the OS's apt repository.
