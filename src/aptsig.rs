@@ -26,8 +26,7 @@ use pgp::crypto::hash::HashAlgorithm;
 use pgp::packet::{Signature, SignatureType};
 use pgp::types::KeyDetails;
 
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 /// Debian's archive keys (`debian-archive-keyring` 2025.1): the automatic
 /// and security signing keys and the stable release key of bookworm and
@@ -136,8 +135,8 @@ impl Keyring {
         for (file, bytes) in which.files() {
             let mut ring = Keyring::parse(file, bytes).map_err(|e| {
                 Error::new(
-                    Reason::Internal,
-                    format!("the shipped keyring {file}: {}", e.message),
+                    Failure::Internal,
+                    format!("the shipped keyring {file}: {}", e),
                 )
             })?;
             keys.append(&mut ring.keys);
@@ -153,7 +152,7 @@ impl Keyring {
     /// or without a usable key: `InvalidArgument`.
     pub fn from_file(path: &Path) -> Result<Keyring> {
         let bytes = std::fs::read(path)
-            .map_err(|e| Error::io(Reason::InvalidArgument, "reading the apt keyring", path, e))?;
+            .map_err(|e| Error::io(Failure::InvalidArgument, "reading the apt keyring", path, e))?;
         let mut ring = Keyring::parse(&path.display().to_string(), &bytes)?;
         ring.name = format!("the keyring {}", path.display());
         Ok(ring)
@@ -164,7 +163,7 @@ impl Keyring {
     pub fn parse(name: &str, bytes: &[u8]) -> Result<Keyring> {
         let invalid = |what: String| {
             Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!("the apt keyring {name}: {what}"),
             )
         };
@@ -447,6 +446,7 @@ fn issuer(sig: &Signature) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
     use pgp::composed::{ArmorOptions, SignedSecretKey};
     use pgp::types::Password;
 
@@ -648,11 +648,11 @@ mod tests {
         }
         let e = Keyring::parse("x.gpg", b"not a key").unwrap_err();
         assert_eq!(e.reason, Reason::InvalidArgument);
-        assert!(e.message.contains("x.gpg"), "{e}");
+        assert!(e.to_string().contains("x.gpg"), "{e}");
         // A secret key is not a public keyring.
         assert!(Keyring::parse("sec.asc", TEST_SECRET.as_bytes()).is_err());
         let e = Keyring::from_file(Path::new("/nonexistent/keyring.gpg")).unwrap_err();
         assert_eq!(e.reason, Reason::InvalidArgument);
-        assert!(e.message.contains("/nonexistent/keyring.gpg"), "{e}");
+        assert!(e.to_string().contains("/nonexistent/keyring.gpg"), "{e}");
     }
 }

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Reason, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{CpuArch, ModuleFlavor};
 
 /// Bumped when the manifest's meaning changes.
@@ -124,7 +124,7 @@ pub fn file_name(driver_version: &str, flavor: ModuleFlavor, release: &str) -> S
 }
 
 fn invalid(message: String) -> Error {
-    Error::new(Reason::ArtifactInvalid, message)
+    Error::new(Failure::ArtifactInvalid, message)
 }
 
 /// A relative path of plain names: no `..`, no root, not empty.
@@ -182,7 +182,7 @@ impl Manifest {
         let m: Manifest = serde_json::from_slice(bytes)
             .map_err(|e| invalid(format!("{origin} is not a valid manifest: {e}")))?;
         m.validate()
-            .map_err(|e| invalid(format!("{origin}: {}", e.message)))?;
+            .map_err(|e| invalid(format!("{origin}: {}", e)))?;
         Ok(m)
     }
 
@@ -281,7 +281,7 @@ impl Manifest {
 
     pub fn to_json(&self) -> Result<Vec<u8>> {
         serde_json::to_vec_pretty(self)
-            .map_err(|e| Error::new(Reason::Internal, format!("serializing the manifest: {e}")))
+            .map_err(|e| Error::new(Failure::Internal, format!("serializing the manifest: {e}")))
     }
 }
 
@@ -290,7 +290,7 @@ impl Manifest {
 pub fn check_dir(dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST_FILE);
     let bytes = std::fs::read(&path).map_err(|e| {
-        Error::io(Reason::ArtifactInvalid, "reading", &path, e)
+        Error::io(Failure::ArtifactInvalid, "reading", &path, e)
             .with_hint("a build artifact holds manifest.json, modules/*.ko and optional firmware/")
     })?;
     let manifest = Manifest::parse(&bytes, &path.display().to_string())?;
@@ -302,7 +302,7 @@ pub fn check_dir(dir: &Path) -> Result<Manifest> {
                 entry.file
             )));
         }
-        let (sum, _) = crate::files::sha256_file(&file, Reason::ArtifactInvalid)?;
+        let (sum, _) = crate::files::sha256_file(&file, Failure::ArtifactInvalid)?;
         if !sum.eq_ignore_ascii_case(entry.sha256) {
             return Err(invalid(format!(
                 "{}: sha256 {sum} differs from the manifest's {}",
@@ -317,7 +317,7 @@ pub fn check_dir(dir: &Path) -> Result<Manifest> {
 /// into `dest` with the extractor's safety checks, then checks it.
 pub fn unpack(artifact: &Path, dest: &Path) -> Result<Manifest> {
     crate::extract::extract_package(artifact, dest).map_err(|e| match e.reason {
-        Reason::ArchiveInvalid | Reason::UnsafeArchive => invalid(e.message),
+        Failure::ArchiveInvalid | Failure::UnsafeArchive => invalid(e.to_string()),
         _ => e,
     })?;
     check_dir(dest)
@@ -415,10 +415,10 @@ pub struct PackFile {
 /// name beside `artifact` (O_EXCL), fsyncs it and renames it into place, so
 /// that a reader never sees half an artifact. Returns its sha256.
 pub fn pack(artifact: &Path, manifest: &Manifest, files: &[PackFile]) -> Result<String> {
-    const LOCAL_IO: Reason = Reason::Internal;
+    const LOCAL_IO: Failure = Failure::Internal;
     manifest
         .validate()
-        .map_err(|e| Error::new(Reason::Internal, format!("refusing to pack: {}", e.message)))?;
+        .map_err(|e| Error::new(Failure::Internal, format!("refusing to pack: {}", e)))?;
     let manifest_json = manifest.to_json()?;
     let dir = match artifact.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -485,6 +485,7 @@ fn append_file<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
     use std::fs;
 
     #[test]
@@ -534,7 +535,7 @@ mod tests {
             fs::write(d.join("manifest.json"), with_link(file, target)).unwrap();
             let e = check_dir(d).unwrap_err();
             assert_eq!(e.reason, Reason::ArtifactInvalid, "{file} -> {target}");
-            assert!(e.message.contains("would leave"), "{}", e.message);
+            assert!(e.to_string().contains("would leave"), "{}", e.to_string());
         }
     }
 
@@ -614,7 +615,10 @@ mod tests {
         other.user_space[0].sha256 = "0".repeat(64);
         let e = check_bytes(&bytes, &other).unwrap_err();
         assert_eq!(e.reason, Reason::ArtifactInvalid);
-        assert!(e.message.contains("usr/bin/nvidia-smi has sha256"), "{e}");
+        assert!(
+            e.to_string().contains("usr/bin/nvidia-smi has sha256"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -625,21 +629,21 @@ mod tests {
         bad.driver_version = "../../../../tmp/x".into();
         let e = Manifest::parse(&bad.to_json().unwrap(), "m.json").unwrap_err();
         assert_eq!(e.reason, Reason::ArtifactInvalid);
-        assert!(e.message.contains("driverVersion"), "{e}");
+        assert!(e.to_string().contains("driverVersion"), "{e}");
         let mut bad = m.clone();
         bad.kernel_release = "6.1.0/../../etc".into();
         let e = Manifest::parse(&bad.to_json().unwrap(), "m.json").unwrap_err();
-        assert!(e.message.contains("kernelRelease"), "{e}");
+        assert!(e.to_string().contains("kernelRelease"), "{e}");
         let mut bad = m.clone();
         bad.modules[0].name = "nvidia/../x".into();
         assert!(Manifest::parse(&bad.to_json().unwrap(), "m.json").is_err());
         let mut bad = m.clone();
         bad.firmware[0].file = "etc/passwd".into();
         let e = Manifest::parse(&bad.to_json().unwrap(), "m.json").unwrap_err();
-        assert!(e.message.contains("not under firmware/"), "{e}");
+        assert!(e.to_string().contains("not under firmware/"), "{e}");
         // pack refuses to write what parse would refuse to read.
         let e = pack(&dir.path().join("x.tar.zst"), &bad, &[]).unwrap_err();
-        assert!(e.message.starts_with("refusing to pack"), "{e}");
+        assert!(e.to_string().starts_with("refusing to pack"), "{e}");
         assert!(!dir.path().join("x.tar.zst").exists());
     }
 
@@ -652,9 +656,9 @@ mod tests {
             let text = format!(r#"{{"schemaVersion":{v},"driverVersion":"1.0"}}"#);
             let e = Manifest::parse(text.as_bytes(), "m.json").unwrap_err();
             assert_eq!(e.reason, Reason::ArtifactInvalid);
-            assert!(e.message.contains(want), "{e}");
+            assert!(e.to_string().contains(want), "{e}");
         }
         let e = Manifest::parse(br#"{"driverVersion":"1.0"}"#, "m.json").unwrap_err();
-        assert!(e.message.contains("no schemaVersion"), "{e}");
+        assert!(e.to_string().contains("no schemaVersion"), "{e}");
     }
 }

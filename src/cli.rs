@@ -10,12 +10,12 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::build::{self, BuildOptions};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::fetch::{RetryPolicy, Timeouts};
 use crate::host::{HostRoot, HostRootSource, ModuleFlavor};
 use crate::hostfs::HostRootFs;
 use crate::install::{self, UninstallOptions};
-use crate::report::{self, Kind, Reason, ResultDocument};
+use crate::report::{self, Kind, ResultDocument};
 use crate::resolve::FlavorChoice;
 use crate::run::{self, Config, Download, LoadSettings};
 
@@ -603,7 +603,7 @@ fn execute_step(g: &GlobalArgs, command: &Command) -> Result<u8> {
             deliver(g, Kind::RunResult, &doc)
         }
         _ => Err(Error::new(
-            Reason::Internal,
+            Failure::Internal,
             "a tool command reached the steps' dispatch",
         )),
     }
@@ -714,13 +714,13 @@ fn deliver<T: ResultDocument + Serialize>(g: &GlobalArgs, kind: Kind, doc: &T) -
 fn emit_raw(g: &GlobalArgs, text: &str) -> Result<()> {
     match &g.output {
         Some(path) => {
-            crate::files::write_atomic(path, text.as_bytes(), 0o644, Reason::InvalidArgument)
+            crate::files::write_atomic(path, text.as_bytes(), 0o644, Failure::InvalidArgument)
         }
         None => {
             let mut out = std::io::stdout().lock();
             out.write_all(text.as_bytes())
                 .and_then(|()| out.flush())
-                .map_err(|e| Error::io(Reason::Internal, "writing", Path::new("<stdout>"), e))
+                .map_err(|e| Error::io(Failure::Internal, "writing", Path::new("<stdout>"), e))
         }
     }
 }

@@ -29,9 +29,8 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::HostRoot;
-use crate::report::Reason;
 
 /// The helper program, built from `src/cuda-check.c` by `build.rs`.
 pub const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gpu-driver-cuda-check"));
@@ -136,7 +135,7 @@ pub fn parse_report(stdout: &str) -> Result<HelperReport> {
         .unwrap_or("");
     serde_json::from_str(line).map_err(|e| {
         Error::new(
-            Reason::CudaCheckFailed,
+            Failure::CudaCheckFailed,
             format!(
                 "{HELPER_NAME} printed {:?}, not its JSON report ({e})",
                 crate::text::truncate(line, 300)
@@ -238,7 +237,7 @@ pub fn judge(report: &HelperReport, expected_gpus: Option<usize>) -> Result<Stri
                 report.glibc.as_deref().unwrap_or("(unknown version)")
             ));
         }
-        return Err(Error::new(Reason::CudaCheckFailed, msg));
+        return Err(Error::new(Failure::CudaCheckFailed, msg));
     }
     let count = report.device_count.unwrap_or(report.devices.len());
     let failed: Vec<String> = report
@@ -269,7 +268,7 @@ pub fn judge(report: &HelperReport, expected_gpus: Option<usize>) -> Result<Stri
             msg.push_str(": ");
             msg.push_str(&failed.join("; "));
         }
-        return Err(Error::new(Reason::CudaCheckFailed, msg));
+        return Err(Error::new(Failure::CudaCheckFailed, msg));
     }
     let names: Vec<&str> = report
         .devices
@@ -315,7 +314,7 @@ pub fn find_loader(root: &HostRoot) -> Result<PathBuf> {
         .find_map(|c| root.resolve(c).filter(|p| p.is_file()))
         .ok_or_else(|| {
             Error::new(
-                Reason::CudaCheckFailed,
+                Failure::CudaCheckFailed,
                 format!(
                     "CUDA: no dynamic loader under the host root {} (looked for {})",
                     root.path().display(),
@@ -372,7 +371,7 @@ impl HelperFile {
     fn create() -> Result<Self> {
         let fail = |e: String| {
             Error::new(
-                Reason::CudaCheckFailed,
+                Failure::CudaCheckFailed,
                 format!("CUDA: writing {HELPER_NAME}: {e}"),
             )
         };
@@ -414,7 +413,7 @@ pub fn helper_command(
     for (i, dir) in library_path.iter().enumerate() {
         if dir.as_os_str().as_encoded_bytes().contains(&b':') {
             return Err(Error::new(
-                Reason::CudaCheckFailed,
+                Failure::CudaCheckFailed,
                 format!(
                     "CUDA: {} contains ':', which a loader's library path cannot hold",
                     dir.display()
@@ -441,7 +440,7 @@ pub fn helper_command(
 pub fn run_helper(root: &HostRoot, libcuda: &Path) -> Result<(PathBuf, HelperReport)> {
     if !libcuda.is_file() {
         return Err(Error::new(
-            Reason::CudaCheckFailed,
+            Failure::CudaCheckFailed,
             format!("CUDA: {} does not exist", libcuda.display()),
         )
         .with_hint(
@@ -456,8 +455,8 @@ pub fn run_helper(root: &HostRoot, libcuda: &Path) -> Result<(PathBuf, HelperRep
         &helper.path(),
         libcuda,
     )?;
-    let prefixed = |e: Error| Error::new(e.reason, format!("CUDA: {}", e.message));
-    let out = crate::process::output(&mut cmd, Reason::CudaCheckFailed).map_err(prefixed)?;
+    let prefixed = |e: Error| e.context("CUDA");
+    let out = crate::process::output(&mut cmd, Failure::CudaCheckFailed).map_err(prefixed)?;
     drop(helper);
     let stdout = String::from_utf8_lossy(&out.stdout);
     match parse_report(&stdout) {
@@ -467,7 +466,7 @@ pub fn run_helper(root: &HostRoot, libcuda: &Path) -> Result<(PathBuf, HelperRep
         Err(_) => Err(prefixed(crate::process::exit_error(
             &cmd,
             &out,
-            Reason::CudaCheckFailed,
+            Failure::CudaCheckFailed,
         ))
         .with_hint(format!(
             "when the loader says a GLIBC version is not found, the host's glibc is older than the 2.34 {HELPER_NAME} needs (docs/install.md, \"The CUDA check\")"
@@ -496,7 +495,7 @@ pub fn check(root: &HostRoot, libcuda: &Path, expected_gpus: Option<usize>) -> C
             status.ok = true;
             status.message = msg;
         }
-        Err(e) => status.message = e.message,
+        Err(e) => status.message = e.to_string(),
     }
     status
 }
@@ -504,6 +503,7 @@ pub fn check(root: &HostRoot, libcuda: &Path, expected_gpus: Option<usize>) -> C
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     /// Captured on this project's CI machine (no GPU): Debian bookworm's
     /// libcuda1 535.261.03, run through the host loader.
@@ -528,7 +528,7 @@ mod tests {
         let err = judge(&r, Some(1)).unwrap_err();
         assert_eq!(err.reason, Reason::CudaCheckFailed);
         assert!(
-            err.message.starts_with(
+            err.to_string().starts_with(
                 "CUDA: cuInit failed with 100 CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected): no CUDA-capable device is visible; the nvidia modules are not loaded"
             ),
             "{err}"
@@ -540,12 +540,12 @@ mod tests {
         let r = parse_report(NO_LIBRARY).unwrap();
         let err = judge(&r, None).unwrap_err();
         assert!(
-            err.message
+            err.to_string()
                 .starts_with("CUDA: dlopen failed (/nonexistent: cannot open shared object file"),
             "{err}"
         );
         assert!(
-            err.message
+            err.to_string()
                 .ends_with("/nonexistent could not be loaded with the host's glibc 2.36"),
             "{err}"
         );
@@ -557,7 +557,7 @@ mod tests {
         assert_eq!(r.devices.len(), 2);
         let err = judge(&r, Some(2)).unwrap_err();
         assert!(
-            err.message.starts_with(
+            err.to_string().starts_with(
                 "CUDA: 1 of 2 device(s) failed: device 1 (NVIDIA H100 80GB HBM3): cuCtxCreate_v2 failed with 999 CUDA_ERROR_UNKNOWN (unknown error): an unknown CUDA error;"
             ),
             "{err}"
@@ -603,7 +603,7 @@ mod tests {
     fn garbage_is_not_a_report() {
         let e = parse_report("Segmentation fault\n").unwrap_err();
         assert_eq!(e.reason, Reason::CudaCheckFailed);
-        assert!(e.message.contains("not its JSON report"), "{e}");
+        assert!(e.to_string().contains("not its JSON report"), "{e}");
         assert!(parse_report("").is_err());
     }
 
@@ -647,7 +647,8 @@ mod tests {
         let e = find_loader(&none).unwrap_err();
         assert_eq!(e.reason, Reason::CudaCheckFailed);
         assert!(
-            e.message.contains("no dynamic loader under the host root"),
+            e.to_string()
+                .contains("no dynamic loader under the host root"),
             "{e}"
         );
     }

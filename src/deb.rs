@@ -10,9 +10,8 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::extract::{self, Compression, ExtractReport};
-use crate::report::Reason;
 
 const AR_MAGIC: &[u8; 8] = b"!<arch>\n";
 const AR_HEADER_LEN: usize = 60;
@@ -33,7 +32,7 @@ struct Member {
 
 fn invalid(deb: &Path, what: impl std::fmt::Display) -> Error {
     Error::new(
-        Reason::ArchiveInvalid,
+        Failure::ArchiveInvalid,
         format!("{}: not a valid Debian package: {what}", deb.display()),
     )
 }
@@ -48,7 +47,7 @@ fn next_member(deb: &Path, r: &mut impl Read) -> Result<Option<Member>> {
             Ok(0) => return Err(invalid(deb, "truncated ar member header")),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(Reason::Internal, "reading", deb, e)),
+            Err(e) => return Err(Error::io(Failure::Internal, "reading", deb, e)),
         }
     }
     if &head[58..60] != b"`\n" {
@@ -78,7 +77,7 @@ fn next_member(deb: &Path, r: &mut impl Read) -> Result<Option<Member>> {
 fn skip(deb: &Path, r: &mut impl Read, m: &Member) -> Result<()> {
     let want = m.size + m.size % 2;
     let n = io::copy(&mut r.take(want), &mut io::sink())
-        .map_err(|e| Error::io(Reason::Internal, "reading", deb, e))?;
+        .map_err(|e| Error::io(Failure::Internal, "reading", deb, e))?;
     // The last member's padding byte is sometimes missing; tolerate that.
     if n < m.size {
         return Err(invalid(
@@ -107,7 +106,7 @@ fn compression_of(name: &str) -> Option<Compression> {
 /// ar archive, wrong member order or unsupported compression is
 /// `ArchiveInvalid`; unsafe entries are `UnsafeArchive`.
 pub fn unpack_data(deb: &Path, root: &Path) -> Result<DebReport> {
-    let file = File::open(deb).map_err(|e| Error::io(Reason::Internal, "opening", deb, e))?;
+    let file = File::open(deb).map_err(|e| Error::io(Failure::Internal, "opening", deb, e))?;
     let mut r = BufReader::new(file);
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)
@@ -168,7 +167,7 @@ fn read_format_version(deb: &Path, r: &mut impl Read) -> Result<()> {
     let mut version = Vec::new();
     r.take(member.size)
         .read_to_end(&mut version)
-        .map_err(|e| Error::io(Reason::Internal, "reading", deb, e))?;
+        .map_err(|e| Error::io(Failure::Internal, "reading", deb, e))?;
     if version.len() as u64 != member.size {
         return Err(invalid(deb, "debian-binary is truncated"));
     }

@@ -2,7 +2,7 @@
 //! loaded NVIDIA modules and Secure Boot through the host root.
 
 use crate::catalog::Catalog;
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{self, CpuArch, HostRoot, OsInfo, PciRole};
 use crate::report::{Document, Kind, Outcome, Reason};
 
@@ -176,7 +176,7 @@ pub fn check_os(catalog: &Catalog, os: &OsInfo) -> Result<()> {
     let Some(entry) = catalog.os(&os.id) else {
         let ids: Vec<&str> = catalog.os.iter().map(|o| o.id.as_str()).collect();
         return Err(Error::new(
-            Reason::UnsupportedOs,
+            Failure::UnsupportedOs,
             format!(
                 "{} ({}) is detectable but not installable: the catalog supports {}",
                 os.pretty_name.as_deref().unwrap_or(&os.id),
@@ -192,7 +192,7 @@ pub fn check_os(catalog: &Catalog, os: &OsInfo) -> Result<()> {
     if entry.release_for(version).is_none() {
         let known: Vec<&str> = entry.releases.iter().map(|r| r.version.as_str()).collect();
         return Err(Error::new(
-            Reason::UnsupportedOs,
+            Failure::UnsupportedOs,
             format!(
                 "{} version {:?} is not in the catalog (known: {})",
                 entry.name,

@@ -18,9 +18,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::CpuArch;
-use crate::report::Reason;
 
 /// NVIDIA's redistributable driver components.
 const REDIST_BASE: &str = "https://developer.download.nvidia.com/compute/nvidia-driver/redist";
@@ -79,7 +78,7 @@ fn place_from(archive: &Path, scratch: &Path, staged: &Path) -> Result<Vec<Strin
         failed(format!(
             "unpacking the Fabric Manager archive {}: {}",
             archive.display(),
-            e.message
+            e
         ))
     })?;
     let top = archive_top(scratch).ok_or_else(|| {
@@ -108,7 +107,7 @@ fn place_from(archive: &Path, scratch: &Path, staged: &Path) -> Result<Vec<Strin
         mkdir(&staged.join("etc"))?;
         let dest = staged.join(FM_CONFIG);
         fs::write(&dest, adjust_config(&text, CURRENT_ROOT))
-            .map_err(|e| Error::io(Reason::FabricManagerFailed, "writing", &dest, e))?;
+            .map_err(|e| Error::io(Failure::FabricManagerFailed, "writing", &dest, e))?;
         placed.push(FM_CONFIG.to_string());
     }
     Ok(placed)
@@ -129,7 +128,7 @@ fn archive_top(scratch: &Path) -> Option<PathBuf> {
 
 fn read_dir(dir: &Path) -> Result<Vec<fs::DirEntry>> {
     let mut v: Vec<fs::DirEntry> = fs::read_dir(dir)
-        .map_err(|e| Error::io(Reason::FabricManagerFailed, "reading", dir, e))?
+        .map_err(|e| Error::io(Failure::FabricManagerFailed, "reading", dir, e))?
         .filter_map(std::result::Result::ok)
         .collect();
     v.sort_by_key(fs::DirEntry::file_name);
@@ -137,13 +136,13 @@ fn read_dir(dir: &Path) -> Result<Vec<fs::DirEntry>> {
 }
 
 fn mkdir(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).map_err(|e| Error::io(Reason::FabricManagerFailed, "creating", dir, e))
+    fs::create_dir_all(dir).map_err(|e| Error::io(Failure::FabricManagerFailed, "creating", dir, e))
 }
 
 fn move_into(from: &Path, to: &Path) -> Result<()> {
     fs::rename(from, to).map_err(|e| {
         Error::io(
-            Reason::FabricManagerFailed,
+            Failure::FabricManagerFailed,
             &format!("moving {} to", from.display()),
             to,
             e,
@@ -152,7 +151,7 @@ fn move_into(from: &Path, to: &Path) -> Result<()> {
 }
 
 fn failed(message: String) -> Error {
-    Error::new(Reason::FabricManagerFailed, message)
+    Error::new(Failure::FabricManagerFailed, message)
 }
 
 /// `fabricmanager.cfg` with the keys that name the topology files

@@ -13,7 +13,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Reason, Result};
+use crate::error::{Error, Failure, Result};
 
 /// Reads and hashes in chunks of this size.
 const CHUNK: usize = 1 << 20;
@@ -22,7 +22,7 @@ const CHUNK: usize = 1 << 20;
 /// (created with O_EXCL by tempfile), fsyncs it, gives it `mode` and renames
 /// it over `path`, then syncs the directory: a reader sees the old file or
 /// the new one, never half of one. The directory is created if missing.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32, reason: Reason) -> Result<()> {
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32, reason: Failure) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -52,7 +52,7 @@ pub fn sync_dir(dir: &Path) {
 }
 
 /// The sha256 (lowercase hex) and size of a file, streamed.
-pub fn sha256_file(path: &Path, reason: Reason) -> Result<(String, u64)> {
+pub fn sha256_file(path: &Path, reason: Failure) -> Result<(String, u64)> {
     let mut f = File::open(path).map_err(|e| Error::io(reason, "opening", path, e))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; CHUNK];
@@ -76,7 +76,7 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
 }
 
 /// Deletes a file; one that is already gone is fine.
-pub fn remove_file_if_present(path: &Path, reason: Reason) -> Result<()> {
+pub fn remove_file_if_present(path: &Path, reason: Failure) -> Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
@@ -96,7 +96,7 @@ const LOCK_POLL: Duration = Duration::from_millis(250);
 /// An exclusive flock on `file`, held until dropped. When another process
 /// holds it, says so on stderr (naming `path`) and waits, at most
 /// [`LOCK_WAIT`].
-pub fn lock_file(file: File, path: &Path, reason: Reason) -> Result<Flock<File>> {
+pub fn lock_file(file: File, path: &Path, reason: Failure) -> Result<Flock<File>> {
     lock_file_within(file, path, reason, LOCK_WAIT)
 }
 
@@ -104,10 +104,12 @@ pub fn lock_file(file: File, path: &Path, reason: Reason) -> Result<Flock<File>>
 pub fn lock_file_within(
     file: File,
     path: &Path,
-    reason: Reason,
+    reason: Failure,
     wait: Duration,
 ) -> Result<Flock<File>> {
-    let failed = |errno: Errno| Error::new(reason, format!("locking {}: {errno}", path.display()));
+    let failed = |errno: Errno| {
+        Error::new(reason, format!("locking {}: {errno}", path.display())).with_source(errno)
+    };
     let start = Instant::now();
     let mut file = file;
     let mut told = false;
@@ -139,7 +141,7 @@ pub fn lock_file_within(
 }
 
 /// Opens (creating it if needed, never truncating) and locks `path`.
-pub fn lock(path: &Path, reason: Reason) -> Result<Flock<File>> {
+pub fn lock(path: &Path, reason: Failure) -> Result<Flock<File>> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -154,21 +156,23 @@ pub fn lock(path: &Path, reason: Reason) -> Result<Flock<File>> {
 /// the builder image this way (no `cp` in scratch).
 pub fn copy_self(dest: &Path) -> Result<()> {
     let exe = std::env::current_exe()
-        .map_err(|e| Error::new(Reason::Internal, format!("finding this binary: {e}")))?;
-    let bytes = std::fs::read(&exe).map_err(|e| Error::io(Reason::Internal, "reading", &exe, e))?;
-    write_atomic(dest, &bytes, 0o755, Reason::InvalidArgument)
+        .map_err(|e| Error::new(Failure::Internal, format!("finding this binary: {e}")))?;
+    let bytes =
+        std::fs::read(&exe).map_err(|e| Error::io(Failure::Internal, "reading", &exe, e))?;
+    write_atomic(dest, &bytes, 0o755, Failure::InvalidArgument)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     #[test]
     fn write_atomic_replaces_and_leaves_no_temp_files() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("sub/result.json");
-        write_atomic(&p, b"one", 0o600, Reason::Internal).unwrap();
-        write_atomic(&p, b"two", 0o644, Reason::Internal).unwrap();
+        write_atomic(&p, b"one", 0o600, Failure::Internal).unwrap();
+        write_atomic(&p, b"two", 0o644, Failure::Internal).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o644);
@@ -187,11 +191,11 @@ mod tests {
             &dir.path().join("file/x"),
             b"y",
             0o644,
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
         )
         .unwrap_err();
         assert_eq!(e.reason, Reason::InvalidArgument);
-        assert!(e.message.contains("/file"), "{e}");
+        assert!(e.to_string().contains("/file"), "{e}");
     }
 
     #[test]
@@ -199,27 +203,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, b"abc").unwrap();
-        let (sum, size) = sha256_file(&p, Reason::Internal).unwrap();
+        let (sum, size) = sha256_file(&p, Failure::Internal).unwrap();
         assert_eq!(size, 3);
         assert_eq!(
             sum,
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(sha256_bytes(b"abc"), sum);
-        let e = sha256_file(&dir.path().join("missing"), Reason::ArtifactInvalid).unwrap_err();
+        let e = sha256_file(&dir.path().join("missing"), Failure::ArtifactInvalid).unwrap_err();
         assert_eq!(e.reason, Reason::ArtifactInvalid);
-        assert!(e.message.starts_with("opening "), "{e}");
+        assert!(e.to_string().starts_with("opening "), "{e}");
     }
 
     #[test]
     fn a_second_lock_waits_for_the_first() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("l");
-        let first = lock(&p, Reason::Internal).unwrap();
+        let first = lock(&p, Failure::Internal).unwrap();
         let p2 = p.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let t = std::thread::spawn(move || {
-            let _second = lock(&p2, Reason::Internal).unwrap();
+            let _second = lock(&p2, Failure::Internal).unwrap();
             tx.send(()).unwrap();
         });
         // The second holder cannot have the lock while the first is held.
@@ -241,15 +245,15 @@ mod lock_tests {
     fn a_lock_held_elsewhere_is_waited_for_within_a_bound() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.lock");
-        let held = lock(&path, Reason::Internal).unwrap();
+        let held = lock(&path, Failure::Internal).unwrap();
         // Another open file description: flock conflicts as between
         // processes.
         let file = File::open(&path).unwrap();
-        let e = lock_file_within(file, &path, Reason::Internal, Duration::from_millis(300))
+        let e = lock_file_within(file, &path, Failure::Internal, Duration::from_millis(300))
             .unwrap_err();
-        assert!(e.message.contains("held by another process"), "{e}");
+        assert!(e.to_string().contains("held by another process"), "{e}");
         drop(held);
         let file = File::open(&path).unwrap();
-        lock_file_within(file, &path, Reason::Internal, Duration::from_millis(300)).unwrap();
+        lock_file_within(file, &path, Failure::Internal, Duration::from_millis(300)).unwrap();
     }
 }

@@ -14,14 +14,13 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::apt::{self, AptSource, Index, Package};
 use crate::deb;
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::fetch::{self, FetchPolicy, FetchRequest};
 use crate::host::{CpuArch, HostRoot};
-use crate::report::Reason;
 
 /// Local filesystem failures (scratch directory) are not the repository's
 /// fault; the closed reason list has nothing closer than Internal.
-const LOCAL_IO: Reason = Reason::Internal;
+const LOCAL_IO: Failure = Failure::Internal;
 
 /// A downloaded, verified package that went into the tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +101,7 @@ pub fn fetch_headers_from(
 ) -> Result<HeadersTree> {
     if release.is_empty() || release.contains(['/', ' ']) {
         return Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("{release:?} is not a kernel release"),
         ));
     }
@@ -148,7 +147,7 @@ fn download_packages<'a>(
     for pkg in wanted {
         let sha = pkg.sha256.clone().ok_or_else(|| {
             Error::new(
-                Reason::ChecksumMissing,
+                Failure::ChecksumMissing,
                 format!(
                     "{} lists no SHA256 for {} {}; it cannot be downloaded verified",
                     index.index_urls.join(", "),
@@ -165,7 +164,7 @@ fn download_packages<'a>(
         {
             // The sha256 matched, so the index contradicts itself.
             return Err(Error::new(
-                Reason::ArchiveInvalid,
+                Failure::ArchiveInvalid,
                 format!(
                     "{url}: the index says {size} bytes but the verified file has {}",
                     fetched.size
@@ -266,7 +265,7 @@ fn select_packages<'a>(index: &'a Index, release: &str) -> Result<Vec<&'a Packag
     let name = format!("linux-headers-{release}");
     let top = index.best(&name, None).ok_or_else(|| {
         Error::new(
-            Reason::KernelHeadersNotFound,
+            Failure::KernelHeadersNotFound,
             format!(
                 "no package {name} in {} suite {} ({} for {}; read from {})",
                 index.source.repository,
@@ -297,7 +296,7 @@ fn select_packages<'a>(index: &'a Index, release: &str) -> Result<Vec<&'a Packag
                 .find_map(|d| index.best(&d.name, Some(d)))
                 .ok_or_else(|| {
                     Error::new(
-                        Reason::KernelHeadersNotFound,
+                        Failure::KernelHeadersNotFound,
                         format!(
                             "{} {} depends on {dep}, which {} suite {} does not have",
                             pkg.name, pkg.version, index.source.repository, index.source.suite
@@ -346,7 +345,7 @@ fn fix_makefile_includes(root: &Path, arch_rel: &Path) -> Result<PathBuf> {
                     .collect();
                 if !root.join(&target_rel).is_file() {
                     return Err(Error::new(
-                        Reason::KernelHeadersMismatch,
+                        Failure::KernelHeadersMismatch,
                         format!(
                             "incomplete headers: {} includes {target}, which none of the packages provides",
                             makefile.display()
@@ -399,7 +398,7 @@ fn check_tree(root: &Path, arch_rel: &Path, common_rel: &Path, release: &str) ->
     let common = root.join(common_rel);
     let incomplete = |what: String| {
         Error::new(
-            Reason::KernelHeadersMismatch,
+            Failure::KernelHeadersMismatch,
             format!("incomplete headers for {release}: {what}"),
         )
         .with_hint("the repository's headers packages do not match each other; report it")
@@ -437,7 +436,7 @@ fn check_tree(root: &Path, arch_rel: &Path, common_rel: &Path, release: &str) ->
         && found != release
     {
         return Err(Error::new(
-            Reason::KernelHeadersMismatch,
+            Failure::KernelHeadersMismatch,
             format!(
                 "linux-headers-{release} holds headers for {found} ({})",
                 uts.display()
@@ -472,7 +471,7 @@ pub fn locate_headers(given: Option<&Path>, root: &HostRoot, release: &str) -> R
             Ok(dir.to_path_buf())
         } else {
             Err(Error::new(
-                Reason::KernelHeadersNotFound,
+                Failure::KernelHeadersNotFound,
                 format!("--headers {} is not a directory", dir.display()),
             )
             .with_hint(hint))
@@ -480,7 +479,7 @@ pub fn locate_headers(given: Option<&Path>, root: &HostRoot, release: &str) -> R
     }
     installed_headers(root, release).ok_or_else(|| {
         Error::new(
-            Reason::KernelHeadersNotFound,
+            Failure::KernelHeadersNotFound,
             format!(
                 "no kernel headers for {release} under {}: neither /usr/src/linux-headers-{release} nor /lib/modules/{release}/build holds a Makefile",
                 root.path().display()
@@ -507,7 +506,7 @@ pub struct KernelHeaders {
 pub fn inspect_headers(arch_dir: &Path, root: &HostRoot, release: &str) -> Result<KernelHeaders> {
     let incomplete = |what: String| {
         Error::new(
-            Reason::KernelHeadersMismatch,
+            Failure::KernelHeadersMismatch,
             format!(
                 "kernel headers at {} are incomplete: {what}",
                 arch_dir.display()
@@ -525,7 +524,7 @@ pub fn inspect_headers(arch_dir: &Path, root: &HostRoot, release: &str) -> Resul
     })?;
     if found != release {
         return Err(Error::new(
-            Reason::KernelHeadersMismatch,
+            Failure::KernelHeadersMismatch,
             format!(
                 "kernel headers at {} are for {found}, not for {release}",
                 arch_dir.display()
@@ -572,7 +571,12 @@ fn read_text_optional(path: &Path) -> Result<Option<String>> {
     match fs::read(path) {
         Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(Reason::KernelHeadersMismatch, "reading", path, e)),
+        Err(e) => Err(Error::io(
+            Failure::KernelHeadersMismatch,
+            "reading",
+            path,
+            e,
+        )),
     }
 }
 

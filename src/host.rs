@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 pub use gpu_driver_contract::host::{
     CpuArch, HostRoot, HostRootSource, LoadedDriver, LoadedModule, ModuleFlavor, OS_RELEASE_PATHS,
@@ -34,14 +33,14 @@ pub fn read_host_file(path: &Path) -> Result<Option<Vec<u8>>> {
     {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(Reason::HostReadFailed, "opening", path, e)),
+        Err(e) => return Err(Error::io(Failure::HostReadFailed, "opening", path, e)),
     };
     let meta = file
         .metadata()
-        .map_err(|e| Error::io(Reason::HostReadFailed, "inspecting", path, e))?;
+        .map_err(|e| Error::io(Failure::HostReadFailed, "inspecting", path, e))?;
     if !meta.file_type().is_file() {
         return Err(Error::new(
-            Reason::HostReadFailed,
+            Failure::HostReadFailed,
             format!(
                 "{} is not a regular file ({}); refusing to read it",
                 path.display(),
@@ -54,10 +53,10 @@ pub fn read_host_file(path: &Path) -> Result<Option<Vec<u8>>> {
     (&file)
         .take(MAX_HOST_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(Reason::HostReadFailed, "reading", path, e))?;
+        .map_err(|e| Error::io(Failure::HostReadFailed, "reading", path, e))?;
     if bytes.len() as u64 > MAX_HOST_FILE_BYTES {
         return Err(Error::new(
-            Reason::HostReadFailed,
+            Failure::HostReadFailed,
             format!(
                 "{} is larger than {} KiB, too large for the file it should be; refusing to read it",
                 path.display(),
@@ -91,7 +90,7 @@ pub fn read_optional(path: &Path) -> Result<Option<String>> {
         None => Ok(None),
         Some(bytes) => String::from_utf8(bytes).map(Some).map_err(|_| {
             Error::new(
-                Reason::HostReadFailed,
+                Failure::HostReadFailed,
                 format!("{} is not UTF-8 text", path.display()),
             )
         }),
@@ -157,7 +156,7 @@ pub fn os_info_from(map: &BTreeMap<String, String>, source: &str) -> Result<OsIn
     let get = |k: &str| map.get(k).filter(|v| !v.is_empty()).cloned();
     let id = get("ID").ok_or_else(|| {
         Error::new(
-            Reason::HostReadFailed,
+            Failure::HostReadFailed,
             format!("{source} has no ID= line, so the OS cannot be identified"),
         )
     })?;
@@ -192,7 +191,7 @@ pub fn read_os(root: &HostRoot) -> Result<OsInfo> {
         }
     }
     Err(Error::new(
-        Reason::HostReadFailed,
+        Failure::HostReadFailed,
         format!(
             "no os-release under {} (looked for /etc/os-release and /usr/lib/os-release)",
             root.path().display()
@@ -245,7 +244,7 @@ pub fn read_kernel_release(root: &HostRoot) -> Result<String> {
     }
     let uts = nix::sys::utsname::uname().map_err(|e| {
         Error::new(
-            Reason::HostReadFailed,
+            Failure::HostReadFailed,
             format!("uname(2) failed and {} is absent: {e}", path.display()),
         )
     })?;
@@ -349,17 +348,17 @@ pub fn read_pci_devices(dir: &Path) -> Result<Vec<PciDevice>> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(Reason::HostReadFailed, "listing", dir, e)),
+        Err(e) => return Err(Error::io(Failure::HostReadFailed, "listing", dir, e)),
     };
     let mut out = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| Error::io(Reason::HostReadFailed, "listing", dir, e))?;
+        let entry = entry.map_err(|e| Error::io(Failure::HostReadFailed, "listing", dir, e))?;
         let address = entry.file_name().to_string_lossy().into_owned();
         let dev = entry.path();
         let read = |name: &str| -> Result<Option<String>> { read_optional(&dev.join(name)) };
         let bad = |name: &str| {
             Error::new(
-                Reason::HostReadFailed,
+                Failure::HostReadFailed,
                 format!(
                     "{} is missing or not a hex number",
                     dev.join(name).display()
@@ -396,7 +395,7 @@ pub fn parse_proc_modules(text: &str) -> Result<Vec<LoadedModule>> {
     use procfs::FromBufRead;
     let mods = procfs::KernelModules::from_buf_read(text.as_bytes()).map_err(|e| {
         Error::new(
-            Reason::HostReadFailed,
+            Failure::HostReadFailed,
             format!("parsing /proc/modules: {e}"),
         )
     })?;
@@ -450,11 +449,11 @@ pub fn is_driver_version(s: &str) -> bool {
 /// The architecture this process runs on (a Job runs on its node).
 pub fn running_arch() -> Result<CpuArch> {
     let uts = nix::sys::utsname::uname()
-        .map_err(|e| Error::new(Reason::HostReadFailed, format!("uname(2) failed: {e}")))?;
+        .map_err(|e| Error::new(Failure::HostReadFailed, format!("uname(2) failed: {e}")))?;
     let machine = uts.machine().to_string_lossy().into_owned();
     CpuArch::parse(&machine).ok_or_else(|| {
         Error::new(
-            Reason::UnsupportedOs,
+            Failure::UnsupportedOs,
             format!("CPU architecture {machine:?} is not supported (x86_64 and aarch64 are)"),
         )
     })
@@ -679,19 +678,19 @@ mod bounded_read_tests {
         let fifo = dir.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
         let e = read_optional(&fifo).unwrap_err();
-        assert_eq!(e.reason, Reason::HostReadFailed);
-        assert!(e.message.contains("a FIFO"), "{e}");
+        assert_eq!(e.reason, Failure::HostReadFailed);
+        assert!(e.to_string().contains("a FIFO"), "{e}");
 
         // A link to a device that never ends.
         let zero = dir.path().join("zero");
         std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
         let e = read_optional(&zero).unwrap_err();
-        assert!(e.message.contains("character device"), "{e}");
+        assert!(e.to_string().contains("character device"), "{e}");
 
         let big = dir.path().join("big");
         fs::write(&big, vec![b'x'; MAX_HOST_FILE_BYTES as usize + 1]).unwrap();
         let e = read_optional(&big).unwrap_err();
-        assert_eq!(e.reason, Reason::HostReadFailed);
-        assert!(e.message.contains("larger than"), "{e}");
+        assert_eq!(e.reason, Failure::HostReadFailed);
+        assert!(e.to_string().contains("larger than"), "{e}");
     }
 }

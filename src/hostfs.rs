@@ -30,13 +30,13 @@ use nix::fcntl::{self, AtFlags, Flock, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{self, FchmodatFlags, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
-use crate::error::{Error, Reason, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{HostRoot, components};
 
 /// Failures to change the host's files are the installer's own (there is
 /// no host-write reason); a full disk still becomes `InsufficientDisk`
 /// through [`Error::io`].
-const REASON: Reason = Reason::Internal;
+const REASON: Failure = Failure::Internal;
 
 /// Symbolic links followed while creating one path (the kernel's own
 /// limit).
@@ -73,7 +73,7 @@ impl HostFs {
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| Error::io(Reason::HostReadFailed, "opening", host.path(), e.into()))?;
+        .map_err(|e| Error::io(Failure::HostReadFailed, "opening", host.path(), e.into()))?;
         Ok(HostFs {
             root,
             host: host.clone(),
@@ -696,7 +696,7 @@ mod tests {
         // A file on the way is an error naming the path.
         fs::write(t.root.path().join("file"), b"").unwrap();
         let e = t.fs().create_dir_all("file/x").unwrap_err();
-        assert!(e.message.contains("/file"), "{e}");
+        assert!(e.to_string().contains("/file"), "{e}");
     }
 
     #[test]
@@ -757,7 +757,7 @@ mod tests {
         let t = Trap::new();
         let fs_ = t.fs();
         match fs_.mknod_char("/dev/nvidiactl", 195, 255, 0o666) {
-            Err(e) if e.message.contains("Operation not permitted") => {
+            Err(e) if e.to_string().contains("Operation not permitted") => {
                 eprintln!("skipped: no CAP_MKNOD here ({e})");
                 return;
             }
@@ -779,7 +779,7 @@ mod tests {
         // A parent in the way is an error naming it, not a node elsewhere.
         fs::write(t.root.path().join("nodev"), b"").unwrap();
         let e = fs_.mknod_char("/nodev/x", 1, 1, 0o666).unwrap_err();
-        assert!(e.message.contains("/nodev"), "{e}");
+        assert!(e.to_string().contains("/nodev"), "{e}");
         t.assert_outside_untouched();
     }
 
@@ -818,7 +818,7 @@ mod tests {
         let target = t.outside.path().join("lock");
         symlink(&target, t.root.path().join("run/gpu-driver/install.lock")).unwrap();
         let e = fs_.lock("/run/gpu-driver/install.lock").unwrap_err();
-        assert!(e.message.contains("run/gpu-driver/install.lock"), "{e}");
+        assert!(e.to_string().contains("run/gpu-driver/install.lock"), "{e}");
         t.assert_outside_untouched();
     }
 

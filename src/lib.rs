@@ -37,4 +37,4 @@ pub mod tls;
 pub mod userspace;
 pub mod verify;
 
-pub use error::{Error, Reason, Result};
+pub use error::{Error, Failure, Reason, Result, Success};

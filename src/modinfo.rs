@@ -113,7 +113,7 @@ impl ModinfoError {
 
     /// The installer's error with the reason the caller gives (a module it
     /// built is a bad build, one from an artifact an invalid artifact).
-    pub fn into_error(self, reason: crate::error::Reason) -> crate::error::Error {
+    pub fn into_error(self, reason: crate::error::Failure) -> crate::error::Error {
         crate::error::Error::new(reason, self.to_string())
     }
 }

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Output, Stdio};
 
-use crate::error::{Error, Reason, Result};
+use crate::error::{Error, Failure, Result};
 
 /// Lines of stderr quoted in a failure message.
 pub const STDERR_TAIL_LINES: usize = 5;
@@ -76,15 +76,15 @@ pub fn stderr_tail(stderr: &[u8]) -> String {
 /// Runs `cmd` to completion (stdin closed) and returns what it printed,
 /// whatever its exit status. Failing to start it is `reason`, naming the
 /// command line.
-pub fn output(cmd: &mut Command, reason: Reason) -> Result<Output> {
-    cmd.stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::new(reason, format!("running {}: {e}", command_line(cmd))))
+pub fn output(cmd: &mut Command, reason: Failure) -> Result<Output> {
+    cmd.stdin(Stdio::null()).output().map_err(|e| {
+        Error::new(reason, format!("running {}: {e}", command_line(cmd))).with_source(e)
+    })
 }
 
 /// Like [`output`], and an unsuccessful exit is `reason` too, quoting the
 /// command line, the status and the tail of stderr.
-pub fn run(cmd: &mut Command, reason: Reason) -> Result<Output> {
+pub fn run(cmd: &mut Command, reason: Failure) -> Result<Output> {
     let out = output(cmd, reason)?;
     if out.status.success() {
         Ok(out)
@@ -96,7 +96,7 @@ pub fn run(cmd: &mut Command, reason: Reason) -> Result<Output> {
 /// The error for a finished, unsuccessful command: the tail of its stderr,
 /// and of its stdout too when it printed there (nvidia-smi reports its
 /// failures on stdout).
-pub fn exit_error(cmd: &Command, out: &Output, reason: Reason) -> Error {
+pub fn exit_error(cmd: &Command, out: &Output, reason: Failure) -> Error {
     let mut message = format!("{} exited with {}", command_line(cmd), out.status);
     let quoted: Vec<String> = [&out.stderr, &out.stdout]
         .into_iter()
@@ -119,9 +119,9 @@ pub fn run_logged(
     program: &str,
     args: &[OsString],
     log: &Path,
-    spawn_reason: Reason,
+    spawn_reason: Failure,
 ) -> Result<ExitStatus> {
-    const LOCAL_IO: Reason = Reason::Internal;
+    const LOCAL_IO: Failure = Failure::Internal;
     let mut file = File::create(log).map_err(|e| Error::io(LOCAL_IO, "creating", log, e))?;
     let mut cmd = command(program);
     cmd.args(args).stdin(Stdio::null());
@@ -139,7 +139,7 @@ pub fn run_logged(
         .stdout(Stdio::from(writer))
         .stderr(Stdio::from(writer2))
         .spawn()
-        .map_err(|e| Error::new(spawn_reason, format!("running {program}: {e}")))?;
+        .map_err(|e| Error::new(spawn_reason, format!("running {program}: {e}")).with_source(e))?;
     // The Command held the only copies of the write end; with it dropped,
     // the reader sees EOF when the child (and its children) exit.
     drop(cmd);
@@ -179,34 +179,35 @@ pub fn run_logged(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     #[test]
     fn a_failing_tool_is_named_with_its_stderr_tail() {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo one >&2; echo two >&2; exit 3"]);
-        let e = run(&mut cmd, Reason::BuildFailed).unwrap_err();
+        let e = run(&mut cmd, Failure::BuildFailed).unwrap_err();
         assert_eq!(e.reason, Reason::BuildFailed);
-        assert!(e.message.starts_with("sh -c echo one"), "{e}");
-        assert!(e.message.contains("exit status: 3"), "{e}");
-        assert!(e.message.ends_with("one | two"), "{e}");
+        assert!(e.to_string().starts_with("sh -c echo one"), "{e}");
+        assert!(e.to_string().contains("exit status: 3"), "{e}");
+        assert!(e.to_string().ends_with("one | two"), "{e}");
     }
 
     #[test]
     fn a_failure_printed_on_stdout_is_quoted_too() {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo on-stdout; exit 9"]);
-        let e = run(&mut cmd, Reason::VerifyFailed).unwrap_err();
-        assert!(e.message.ends_with("exit status: 9: on-stdout"), "{e}");
+        let e = run(&mut cmd, Failure::VerifyFailed).unwrap_err();
+        assert!(e.to_string().ends_with("exit status: 9: on-stdout"), "{e}");
     }
 
     #[test]
     fn a_missing_tool_is_named() {
         let mut cmd = Command::new("/nonexistent/tool");
         cmd.arg("--version");
-        let e = output(&mut cmd, Reason::CompilerMissing).unwrap_err();
+        let e = output(&mut cmd, Failure::CompilerMissing).unwrap_err();
         assert_eq!(e.reason, Reason::CompilerMissing);
         assert!(
-            e.message
+            e.to_string()
                 .starts_with("running /nonexistent/tool --version: "),
             "{e}"
         );
@@ -216,7 +217,7 @@ mod tests {
     fn success_returns_stdout() {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo out"]);
-        let out = run(&mut cmd, Reason::Internal).unwrap();
+        let out = run(&mut cmd, Failure::Internal).unwrap();
         assert_eq!(out.stdout, b"out\n");
     }
 
@@ -228,7 +229,7 @@ mod tests {
             .iter()
             .map(OsString::from)
             .collect();
-        let status = run_logged("sh", &args, &log, Reason::CompilerMissing).unwrap();
+        let status = run_logged("sh", &args, &log, Failure::CompilerMissing).unwrap();
         assert_eq!(status.code(), Some(2));
         let text = std::fs::read_to_string(&log).unwrap();
         assert_eq!(text, "$ sh -c echo a; echo b >&2; exit 2\na\nb\n");
@@ -250,7 +251,7 @@ mod env_tests {
     #[test]
     fn children_get_only_the_minimal_environment() {
         let mut cmd = command("env");
-        let out = run(&mut cmd, Reason::Internal).unwrap();
+        let out = run(&mut cmd, Failure::Internal).unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         let names: Vec<&str> = text.lines().filter_map(|l| l.split('=').next()).collect();
         assert!(names.contains(&"PATH"), "{text}");

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 
 pub use gpu_driver_contract::report::{
     API_VERSION, Document, Kind, Metadata, Outcome, Phase, Reason, ReasonClass, ResultDocument,
@@ -18,7 +18,7 @@ pub use gpu_driver_contract::report::{
 /// in any URL masked ([`crate::redact`]).
 pub fn to_json<T: Serialize>(doc: &T) -> Result<String> {
     let s = serde_json::to_string_pretty(doc)
-        .map_err(|e| Error::new(crate::Reason::Internal, format!("serializing result: {e}")))?;
+        .map_err(|e| Error::new(Failure::Internal, format!("serializing result: {e}")))?;
     let mut s = crate::redact::text(&s).into_owned();
     s.push('\n');
     Ok(s)
@@ -27,7 +27,7 @@ pub fn to_json<T: Serialize>(doc: &T) -> Result<String> {
 /// [`gpu_driver_contract::report::termination_message`], its failure an `Internal` error.
 pub fn termination_message<T: ResultDocument>(kind: Kind, doc: &T) -> Result<String> {
     gpu_driver_contract::report::termination_message(kind, doc)
-        .map_err(|e| Error::new(Reason::Internal, format!("serializing result: {e}")))
+        .map_err(|e| Error::new(Failure::Internal, format!("serializing result: {e}")))
 }
 
 /// Writes the termination message only when the file already exists and is
@@ -43,10 +43,10 @@ pub fn write_termination_log(path: &Path, message: &str) -> Result<bool> {
         {
             return Ok(false);
         }
-        Err(e) => return Err(Error::io(crate::Reason::Internal, "opening", path, e)),
+        Err(e) => return Err(Error::io(Failure::Internal, "opening", path, e)),
     };
     file.write_all(message.as_bytes())
-        .map_err(|e| Error::io(crate::Reason::Internal, "writing", path, e))?;
+        .map_err(|e| Error::io(Failure::Internal, "writing", path, e))?;
     Ok(true)
 }
 

@@ -23,8 +23,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 /// How a payload is compressed. Detected from magic bytes, never from the
 /// file name.
@@ -118,13 +117,13 @@ pub(crate) fn looks_like_makeself(head: &[u8]) -> bool {
 pub(crate) fn parse(path: &Path, file: &mut File) -> Result<Makeself> {
     let invalid = |what: &str| {
         Error::new(
-            Reason::ArchiveInvalid,
+            Failure::ArchiveInvalid,
             format!("{}: {what}", path.display()),
         )
     };
     let file_len = file
         .metadata()
-        .map_err(|e| Error::io(Reason::Internal, "reading metadata of", path, e))?
+        .map_err(|e| Error::io(Failure::Internal, "reading metadata of", path, e))?
         .len();
     let (lines, text_to_eof) = header_lines(path, file, file_len)?;
     let text: Vec<&str> = lines.iter().map(String::as_str).collect();
@@ -188,7 +187,7 @@ fn payload_chunks(
 ) -> Result<(Vec<Chunk>, Vec<Checked>)> {
     let invalid = |what: &str| {
         Error::new(
-            Reason::ArchiveInvalid,
+            Failure::ArchiveInvalid,
             format!("{}: {what}", path.display()),
         )
     };
@@ -229,7 +228,7 @@ pub(crate) fn verify(path: &Path, file: &mut File, checked: &[Checked]) -> Resul
             continue;
         }
         file.seek(SeekFrom::Start(c.offset))
-            .map_err(|err| Error::io(Reason::Internal, "seeking in", path, err))?;
+            .map_err(|err| Error::io(Failure::Internal, "seeking in", path, err))?;
         let mut md5 = e.md5.as_ref().map(|_| Md5::new());
         let mut sha = e.sha256.as_ref().map(|_| Sha256::new());
         let mut crc = e.crc.map(|_| Cksum::new());
@@ -241,7 +240,7 @@ pub(crate) fn verify(path: &Path, file: &mut File, checked: &[Checked]) -> Resul
         loop {
             let n = reader
                 .read(&mut buf)
-                .map_err(|err| Error::io(Reason::Internal, "reading", path, err))?;
+                .map_err(|err| Error::io(Failure::Internal, "reading", path, err))?;
             if n == 0 {
                 break;
             }
@@ -263,7 +262,7 @@ pub(crate) fn verify(path: &Path, file: &mut File, checked: &[Checked]) -> Resul
         };
         let mismatch = |name: &str, got: &str, want: &str| {
             Error::new(
-                Reason::ArchiveInvalid,
+                Failure::ArchiveInvalid,
                 format!(
                     "{}: {name} checksum{chunk} does not match its makeself header: computed {got}, header says {want}",
                     path.display()
@@ -319,7 +318,7 @@ enum Offset {
 /// Also says whether the text ran to the end of the file.
 fn header_lines(path: &Path, file: &mut File, file_len: u64) -> Result<(Vec<String>, bool)> {
     file.seek(SeekFrom::Start(0))
-        .map_err(|e| Error::io(Reason::Internal, "seeking in", path, e))?;
+        .map_err(|e| Error::io(Failure::Internal, "seeking in", path, e))?;
     let mut reader = BufReader::new((&mut *file).take(MAX_HEADER_TEXT));
     let mut lines = Vec::new();
     let mut buf = Vec::new();
@@ -327,7 +326,7 @@ fn header_lines(path: &Path, file: &mut File, file_len: u64) -> Result<(Vec<Stri
         buf.clear();
         let n = reader
             .read_until(b'\n', &mut buf)
-            .map_err(|e| Error::io(Reason::Internal, "reading", path, e))?;
+            .map_err(|e| Error::io(Failure::Internal, "reading", path, e))?;
         if n == 0 {
             return Ok((lines, file_len <= MAX_HEADER_TEXT));
         }
@@ -343,14 +342,14 @@ fn header_lines(path: &Path, file: &mut File, file_len: u64) -> Result<(Vec<Stri
 /// has fewer lines (within [`MAX_HEADER_BYTES`]).
 fn line_offset(path: &Path, file: &mut File, n: usize) -> Result<Option<u64>> {
     file.seek(SeekFrom::Start(0))
-        .map_err(|e| Error::io(Reason::Internal, "seeking in", path, e))?;
+        .map_err(|e| Error::io(Failure::Internal, "seeking in", path, e))?;
     let mut reader = BufReader::new((&mut *file).take(MAX_HEADER_BYTES));
     let mut offset = 0u64;
     let mut seen = 0usize;
     while seen < n {
         let buf = reader
             .fill_buf()
-            .map_err(|e| Error::io(Reason::Internal, "reading", path, e))?;
+            .map_err(|e| Error::io(Failure::Internal, "reading", path, e))?;
         if buf.is_empty() {
             return Ok(None);
         }
@@ -397,7 +396,7 @@ fn head_chunks(
     payload_start: u64,
     have: u64,
 ) -> Result<(Vec<Chunk>, Vec<Checked>)> {
-    let bad = |m: String| Error::new(Reason::ArchiveInvalid, m);
+    let bad = |m: String| Error::new(Failure::ArchiveInvalid, m);
     let sizes =
         value(header, "filesizes").ok_or_else(|| bad("makeself header has no filesizes".into()))?;
     let sizes: Vec<u64> = sizes
@@ -479,7 +478,7 @@ fn find_offset(lines: &[&str]) -> Result<Offset> {
 }
 
 fn bad(m: String) -> Error {
-    Error::new(Reason::ArchiveInvalid, m)
+    Error::new(Failure::ArchiveInvalid, m)
 }
 
 /// The first `skip=` assignment: its line index and value.

@@ -7,10 +7,9 @@ use schemars::JsonSchema;
 use crate::build::BuildResult;
 use crate::catalog::CatalogCheck;
 use crate::detect::HostReport;
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::fetch::FetchResult;
 use crate::install::InstallResult;
-use crate::report::Reason;
 use crate::resolve::InstallPlan;
 use crate::run::RunResult;
 use crate::verify::VerifyResult;
@@ -42,7 +41,7 @@ pub fn results_schema_json() -> Result<String> {
         )),
     );
     let mut s = serde_json::to_string_pretty(&schema)
-        .map_err(|e| Error::new(Reason::Internal, format!("serializing schema: {e}")))?;
+        .map_err(|e| Error::new(Failure::Internal, format!("serializing schema: {e}")))?;
     s.push('\n');
     Ok(s)
 }

@@ -12,10 +12,9 @@ use std::ffi::OsString;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{CpuArch, HostRoot};
 use crate::hostfs::{HostFs, Kind};
-use crate::report::Reason;
 
 /// Utilities, inside the artifact and the driver root.
 pub const BIN_DIR: &str = "usr/bin";
@@ -201,7 +200,7 @@ pub fn collect(extracted: &Path, arch: CpuArch) -> Result<Option<(PathBuf, Vec<P
         return Ok(None);
     };
     let text = fs::read_to_string(&manifest)
-        .map_err(|e| Error::io(Reason::ArchiveInvalid, "reading", &manifest, e))?;
+        .map_err(|e| Error::io(Failure::ArchiveInvalid, "reading", &manifest, e))?;
     let base = manifest
         .parent()
         .map(Path::to_path_buf)
@@ -211,13 +210,13 @@ pub fn collect(extracted: &Path, arch: CpuArch) -> Result<Option<(PathBuf, Vec<P
         if let Placement::File { src, .. } = p {
             let path = base.join(src);
             let meta = fs::symlink_metadata(&path).map_err(|e| {
-                Error::io(Reason::ArchiveInvalid, "reading", &path, e).with_hint(
+                Error::io(Failure::ArchiveInvalid, "reading", &path, e).with_hint(
                     "the package's .manifest lists a file the package does not hold; download it again",
                 )
             })?;
             if !meta.is_file() {
                 return Err(Error::new(
-                    Reason::ArchiveInvalid,
+                    Failure::ArchiveInvalid,
                     format!(
                         "{} is listed in {} but is not a regular file",
                         path.display(),
@@ -258,7 +257,7 @@ pub fn ldconfig_command(root: &HostRoot) -> Option<(PathBuf, Vec<OsString>)> {
 pub fn run_ldconfig(root: &HostRoot) -> Result<String> {
     let Some((program, args)) = ldconfig_command(root) else {
         return Err(Error::new(
-            Reason::Internal,
+            Failure::Internal,
             format!(
                 "no ldconfig under {} (looked for /sbin/ldconfig(.real), /usr/sbin/ldconfig(.real))",
                 root.path().display()
@@ -267,7 +266,7 @@ pub fn run_ldconfig(root: &HostRoot) -> Result<String> {
     };
     let mut cmd = crate::process::command(program);
     cmd.args(&args);
-    crate::process::run(&mut cmd, Reason::Internal)?;
+    crate::process::run(&mut cmd, Failure::Internal)?;
     Ok(crate::process::command_line(&cmd))
 }
 
@@ -320,7 +319,7 @@ pub fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
         Some(Kind::Dir) => {}
         Some(_) => {
             return Err(Error::new(
-                Reason::Internal,
+                Failure::Internal,
                 format!(
                     "{} is neither a directory nor a link; not touched",
                     fs.host().join(RUN_NVIDIA_DRIVER).display()
@@ -342,7 +341,7 @@ pub fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
             "--mount-ns",
             PID1_MOUNT_NS,
         ]);
-        crate::process::run(&mut cmd, Reason::Internal)?;
+        crate::process::run(&mut cmd, Failure::Internal)?;
         return Ok(Exposure::Mounted);
     }
     bind_read_only(&fs.real_dir(current)?, &fs.real_dir(RUN_NVIDIA_DRIVER)?)?;
@@ -355,10 +354,10 @@ pub const PID1_MOUNT_NS: &str = "/proc/1/ns/mnt";
 /// Enters the mount namespace at `ns`. Only a single-threaded process may
 /// (the `expose-driver-root` child calls it first thing).
 pub fn enter_mount_namespace(ns: &Path) -> Result<()> {
-    let file = fs::File::open(ns).map_err(|e| Error::io(Reason::Internal, "opening", ns, e))?;
+    let file = fs::File::open(ns).map_err(|e| Error::io(Failure::Internal, "opening", ns, e))?;
     nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| {
         Error::new(
-            Reason::Internal,
+            Failure::Internal,
             format!("entering the mount namespace {}: {e}", ns.display()),
         )
         .with_hint("the installer needs CAP_SYS_ADMIN and hostPID to mount into the host")
@@ -371,13 +370,13 @@ pub fn bind_read_only(src: &Path, dst: &Path) -> Result<()> {
     use nix::mount::{MntFlags, MsFlags, mount, umount2};
     let failed = |what: &str, e: nix::Error| {
         Error::new(
-            Reason::Internal,
+            Failure::Internal,
             format!("{what} {} on {}: {e}", src.display(), dst.display()),
         )
     };
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
         Error::io(
-            Reason::Internal,
+            Failure::Internal,
             "reading",
             Path::new("/proc/self/mountinfo"),
             e,
@@ -414,6 +413,7 @@ pub fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     /// In the layout of NVIDIA's 535 `.run` `.manifest` (written from the
     /// format that distribution packagers parse, not copied from a package).
@@ -517,7 +517,7 @@ libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidi
         fs::write(top.join(".manifest"), MANIFEST).unwrap();
         let e = collect(tmp.path(), CpuArch::X86_64).unwrap_err();
         assert_eq!(e.reason, Reason::ArchiveInvalid);
-        assert!(e.message.contains("nvidia-smi"), "{}", e.message);
+        assert!(e.to_string().contains("nvidia-smi"), "{}", e.to_string());
         // Every selected file present: the placements, relative to the
         // .manifest's directory.
         for p in select(&parse_dot_manifest(MANIFEST), &lib_dir()) {

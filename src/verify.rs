@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{self, CudaStatus};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{self, HostRoot, PciRole};
 use crate::install::DRIVERS_DIR;
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
@@ -89,7 +89,7 @@ pub fn parse_smi_csv(text: &str) -> Result<Vec<SmiGpu>> {
         let mut parts: Vec<&str> = line.rsplitn(4, ',').map(str::trim).collect();
         if parts.len() != 4 || parts.iter().any(|p| p.is_empty()) {
             return Err(Error::new(
-                Reason::VerifyFailed,
+                Failure::VerifyFailed,
                 format!(
                     "nvidia-smi printed {line:?}, not name, uuid, driver_version, memory.total"
                 ),
@@ -110,7 +110,7 @@ pub fn parse_smi_csv(text: &str) -> Result<Vec<SmiGpu>> {
 pub fn check(gpus: &[SmiGpu], want_version: Option<&str>, want_count: usize) -> Result<String> {
     if gpus.len() != want_count {
         return Err(Error::new(
-            Reason::VerifyFailed,
+            Failure::VerifyFailed,
             format!(
                 "nvidia-smi lists {} GPU(s), detect found {want_count} on the PCI bus",
                 gpus.len()
@@ -125,7 +125,7 @@ pub fn check(gpus: &[SmiGpu], want_version: Option<&str>, want_count: usize) -> 
             .collect();
         if !wrong.is_empty() {
             return Err(Error::new(
-                Reason::VerifyFailed,
+                Failure::VerifyFailed,
                 format!("expected driver {v}, but {}", wrong.join(", ")),
             ));
         }
@@ -215,7 +215,7 @@ pub fn verify(opts: &VerifyOptions) -> VerifyResult {
 /// (`CudaCheckFailed`), else `Verified`; the message always says both.
 pub fn combine(smi: Result<String>, cuda: &CudaStatus) -> Outcome {
     match smi {
-        Err(e) => Outcome::new(e.reason, format!("{}; {}", e.message, cuda.message)),
+        Err(e) => Outcome::new(e.reason, format!("{}; {}", e, cuda.message)),
         Ok(msg) if !cuda.ok => {
             Outcome::new(Reason::CudaCheckFailed, format!("{}; {msg}", cuda.message))
         }
@@ -234,7 +234,7 @@ fn gpu_count(root: &HostRoot) -> Result<usize> {
 fn smi_check(smi: &Path, st: &mut VerifyStatus, count: usize) -> Result<String> {
     if !smi.is_file() {
         return Err(Error::new(
-            Reason::VerifyFailed,
+            Failure::VerifyFailed,
             format!("{} does not exist", smi.display()),
         )
         .with_hint(
@@ -257,7 +257,7 @@ fn smi_check(smi: &Path, st: &mut VerifyStatus, count: usize) -> Result<String> 
     if !libs.is_empty() {
         cmd.env("LD_LIBRARY_PATH", libs.join(":"));
     }
-    let out = crate::process::run(&mut cmd, Reason::VerifyFailed)?;
+    let out = crate::process::run(&mut cmd, Failure::VerifyFailed)?;
     st.gpus = parse_smi_csv(&String::from_utf8_lossy(&out.stdout))?;
     check(&st.gpus, st.expected_driver_version.as_deref(), count)
 }
@@ -318,7 +318,10 @@ NVIDIA H100 80GB HBM3, GPU-0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b, 535.261.03, 815
             o.message
         );
         // Both fail: nvidia-smi's reason, both messages.
-        let smi = Err(Error::new(Reason::VerifyFailed, "nvidia-smi exited with 9"));
+        let smi = Err(Error::new(
+            Failure::VerifyFailed,
+            "nvidia-smi exited with 9",
+        ));
         let o = combine(smi, &cuda_failed);
         assert_eq!(o.reason, Reason::VerifyFailed);
         assert_eq!(
@@ -333,8 +336,11 @@ NVIDIA H100 80GB HBM3, GPU-0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b, 535.261.03, 815
         assert!(check(&gpus, Some("535.261.03"), 2).is_ok());
         let e = check(&gpus, Some("550.163.01"), 2).unwrap_err();
         assert_eq!(e.reason, Reason::VerifyFailed);
-        assert!(e.message.contains("expected driver 550.163.01"), "{e}");
+        assert!(e.to_string().contains("expected driver 550.163.01"), "{e}");
         let e = check(&gpus, None, 3).unwrap_err();
-        assert!(e.message.contains("lists 2 GPU(s), detect found 3"), "{e}");
+        assert!(
+            e.to_string().contains("lists 2 GPU(s), detect found 3"),
+            "{e}"
+        );
     }
 }

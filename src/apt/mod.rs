@@ -21,9 +21,8 @@ use std::io::{BufReader, Read};
 use std::path::PathBuf;
 
 use crate::aptsig::{self, Builtin, Keyring, Rejected, Verified};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::fetch::{self, FetchPolicy, FetchRequest};
-use crate::report::Reason;
 
 mod parse;
 mod version;
@@ -277,7 +276,7 @@ pub fn read_index(
 pub fn fetch_release(source: &AptSource, opts: &FetchPolicy) -> Result<(String, Release)> {
     if opts.offline {
         return Err(Error::new(
-            Reason::NotCached,
+            Failure::NotCached,
             format!(
                 "offline: the index of {} cannot be read without the network",
                 source.describe()
@@ -308,19 +307,18 @@ pub fn fetch_release(source: &AptSource, opts: &FetchPolicy) -> Result<(String, 
     };
     let Verified { text, signers } = verified;
     tracing::info!("{url}: signature by {} verified", signers.join(", "));
-    let release =
-        parse_release(&text).map_err(|e| Error::new(e.reason, format!("{url}: {}", e.message)))?;
+    let release = parse_release(&text).map_err(|e| e.context(&url))?;
     Ok((url, release))
 }
 
 fn utf8(url: &str, bytes: Vec<u8>) -> Result<String> {
     String::from_utf8(bytes)
-        .map_err(|_| Error::new(Reason::ArchiveInvalid, format!("{url} is not UTF-8")))
+        .map_err(|_| Error::new(Failure::ArchiveInvalid, format!("{url} is not UTF-8")))
 }
 
 fn no_suite(source: &AptSource, tried: &[String]) -> Error {
     Error::new(
-        Reason::KernelHeadersNotFound,
+        Failure::KernelHeadersNotFound,
         format!(
             "{} has no suite {}: {} answered 404",
             source.repository,
@@ -336,7 +334,7 @@ fn no_suite(source: &AptSource, tried: &[String]) -> Error {
 
 fn unsigned(source: &AptSource, release_url: &str, sig_url: &str) -> Error {
     Error::new(
-        Reason::SignatureInvalid,
+        Failure::SignatureInvalid,
         format!(
             "{} suite {} is not signed: no InRelease, and {sig_url} answered 404 for {release_url}; \
              unsigned repositories are refused",
@@ -355,7 +353,7 @@ fn signature_error(source: &AptSource, url: &str, keyring: &Keyring, r: Rejected
         format!(" (signed by {})", r.signers.join(", "))
     };
     let err = Error::new(
-        Reason::SignatureInvalid,
+        Failure::SignatureInvalid,
         format!(
             "{url}: the Release of {} suite {} has no valid signature{signed_by}: {}",
             source.repository, source.suite, r.detail
@@ -396,7 +394,7 @@ pub fn fetch_packages(
         .collect();
     if listed.is_empty() {
         return Err(Error::new(
-            Reason::KernelHeadersNotFound,
+            Failure::KernelHeadersNotFound,
             format!(
                 "{} lists no {dir}/Packages index (components: {}; architectures: {})",
                 source.dists_url("Release"),
@@ -419,7 +417,7 @@ pub fn fetch_packages(
         };
         let f = File::open(&fetched.path).map_err(|e| {
             Error::io(
-                Reason::DownloadFailed,
+                Failure::DownloadFailed,
                 "opening the index",
                 &fetched.path,
                 e,
@@ -432,11 +430,10 @@ pub fn fetch_packages(
         } else {
             Box::new(f)
         };
-        let packages = parse_packages(BufReader::new(reader), keep)
-            .map_err(|e| Error::new(e.reason, format!("{url}: {}", e.message)))?;
+        let packages = parse_packages(BufReader::new(reader), keep).map_err(|e| e.context(&url))?;
         return Ok((url, packages));
     }
-    Err(first_err.unwrap_or_else(|| Error::new(Reason::DownloadFailed, "no index file")))
+    Err(first_err.unwrap_or_else(|| Error::new(Failure::DownloadFailed, "no index file")))
 }
 
 /// GETs a small file under the fetch policy (HTTPS unless allowed, retries
@@ -457,7 +454,7 @@ fn fetch_small(opts: &FetchPolicy, url: &str) -> Result<Option<Vec<u8>>> {
                     match resp.take(MAX_RELEASE_BYTES + 1).read_to_end(&mut buf) {
                         Ok(_) if buf.len() as u64 > MAX_RELEASE_BYTES => {
                             return Err(Error::new(
-                                Reason::ArchiveInvalid,
+                                Failure::ArchiveInvalid,
                                 format!("{url} is larger than {MAX_RELEASE_BYTES} bytes"),
                             ));
                         }
@@ -469,7 +466,7 @@ fn fetch_small(opts: &FetchPolicy, url: &str) -> Result<Option<Vec<u8>>> {
                 code if fetch::retryable_status(code) => last = format!("HTTP {code}"),
                 code => {
                     return Err(Error::new(
-                        Reason::DownloadFailed,
+                        Failure::DownloadFailed,
                         format!("{url} answered HTTP {code}"),
                     ));
                 }
@@ -479,7 +476,7 @@ fn fetch_small(opts: &FetchPolicy, url: &str) -> Result<Option<Vec<u8>>> {
         tracing::info!("{url}: {last}; retrying");
     }
     Err(Error::new(
-        Reason::DownloadFailed,
+        Failure::DownloadFailed,
         format!(
             "{url}: {last} (after {} attempt(s))",
             opts.retry.retries + 1

@@ -4,9 +4,8 @@
 use std::io::BufRead;
 
 use super::{Dependency, Package, Relation, Release, ReleaseFile};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::fetch;
-use crate::report::Reason;
 
 /// A deb822 paragraph as (field, value) pairs; continuation lines are
 /// joined with '\n' to their field's value.
@@ -21,7 +20,7 @@ fn paragraph_fields(lines: &[String]) -> Result<Vec<(String, String)>> {
                 }
                 None => {
                     return Err(Error::new(
-                        Reason::ArchiveInvalid,
+                        Failure::ArchiveInvalid,
                         format!("continuation line before any field: {line:?}"),
                     ));
                 }
@@ -31,7 +30,7 @@ fn paragraph_fields(lines: &[String]) -> Result<Vec<(String, String)>> {
         } else {
             let (k, v) = line.split_once(':').ok_or_else(|| {
                 Error::new(
-                    Reason::ArchiveInvalid,
+                    Failure::ArchiveInvalid,
                     format!("malformed line (no 'Field:'): {line:?}"),
                 )
             })?;
@@ -70,7 +69,7 @@ pub fn parse_release(text: &str) -> Result<Release> {
                 path: (*path).to_string(),
                 size: size.parse().map_err(|_| {
                     Error::new(
-                        Reason::ArchiveInvalid,
+                        Failure::ArchiveInvalid,
                         format!("Release SHA256 line with a bad size: {line:?}"),
                     )
                 })?,
@@ -78,7 +77,7 @@ pub fn parse_release(text: &str) -> Result<Release> {
             }),
             _ => {
                 return Err(Error::new(
-                    Reason::ArchiveInvalid,
+                    Failure::ArchiveInvalid,
                     format!("malformed Release SHA256 line: {line:?}"),
                 ));
             }
@@ -86,7 +85,7 @@ pub fn parse_release(text: &str) -> Result<Release> {
     }
     if sha256.is_empty() {
         return Err(Error::new(
-            Reason::ArchiveInvalid,
+            Failure::ArchiveInvalid,
             "the Release file has no SHA256 list; nothing in it could be verified",
         ));
     }
@@ -114,7 +113,7 @@ pub fn parse_packages<R: BufRead>(
         raw.clear();
         let n = reader.read_until(b'\n', &mut raw).map_err(|e| {
             Error::new(
-                Reason::ArchiveInvalid,
+                Failure::ArchiveInvalid,
                 format!("reading the Packages index (truncated or corrupt): {e}"),
             )
         })?;
@@ -147,7 +146,7 @@ fn package_of(fields: &[(String, String)]) -> Result<Package> {
     let need = |name: &str| {
         field(fields, name).map(str::to_string).ok_or_else(|| {
             Error::new(
-                Reason::ArchiveInvalid,
+                Failure::ArchiveInvalid,
                 format!(
                     "Packages stanza {} has no {name} field",
                     field(fields, "Package").unwrap_or("?")
@@ -159,7 +158,7 @@ fn package_of(fields: &[(String, String)]) -> Result<Package> {
     let size = match field(fields, "Size") {
         Some(s) => Some(s.parse().map_err(|_| {
             Error::new(
-                Reason::ArchiveInvalid,
+                Failure::ArchiveInvalid,
                 format!("Packages stanza {name}: bad Size {s:?}"),
             )
         })?),
@@ -169,7 +168,7 @@ fn package_of(fields: &[(String, String)]) -> Result<Package> {
         Some(s) if fetch::is_sha256_hex(s) => Some(s.to_ascii_lowercase()),
         Some(s) => {
             return Err(Error::new(
-                Reason::ArchiveInvalid,
+                Failure::ArchiveInvalid,
                 format!("Packages stanza {name}: SHA256 {s:?} is not 64 hex digits"),
             ));
         }
@@ -211,7 +210,7 @@ pub fn parse_depends(s: &str) -> Result<Vec<Vec<Dependency>>> {
 fn parse_dependency(s: &str) -> Result<Dependency> {
     let bad = || {
         Error::new(
-            Reason::ArchiveInvalid,
+            Failure::ArchiveInvalid,
             format!("malformed dependency {s:?}"),
         )
     };
@@ -283,6 +282,7 @@ mod tests {
     use super::super::AptSource;
     use super::*;
     use crate::aptsig::{self, Builtin, Keyring};
+    use crate::error::Reason;
 
     #[test]
     fn depends_with_alternatives_and_constraints() {

@@ -10,10 +10,9 @@ use std::time::Instant;
 use super::preflight::{Preflight, Target};
 use super::source::Source;
 use super::{BuildOptions, BuildStatus, LOCAL_IO, seconds};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::headers::KernelHeaders;
 use crate::host::ModuleFlavor;
-use crate::report::Reason;
 
 /// Lines of the compile log quoted in `status.logExcerpt`: enough for the
 /// first error with its context, small enough for a result document.
@@ -63,7 +62,7 @@ pub(super) fn compile(
         &pre.cc,
         &pre.target,
     );
-    let exit = crate::process::run_logged("make", &args, &log, Reason::CompilerMissing)?;
+    let exit = crate::process::run_logged("make", &args, &log, Failure::CompilerMissing)?;
     status.timings.compile_seconds = Some(seconds(t.elapsed()));
     if exit.success() {
         return Ok(());
@@ -138,8 +137,8 @@ fn read_log(log: &Path) -> Result<String> {
 
 /// What a failed compile's log says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    pub reason: Reason,
+pub struct CompileFailure {
+    pub reason: Failure,
     /// The first error lines (compiler, modpost, linker; else make's own),
     /// with the module tree's path prefix removed.
     pub errors: Vec<String>,
@@ -159,7 +158,7 @@ fn is_error_line(l: &str) -> bool {
 /// interface change (see `KERNEL_API_PATTERNS`) makes it
 /// [`Reason::KernelApiMismatch`]; everything else is
 /// [`Reason::BuildFailed`]. Both quote the first errors.
-pub fn classify_log(log: &str, tree: &Path) -> Failure {
+pub fn classify_log(log: &str, tree: &Path) -> CompileFailure {
     let lines: Vec<&str> = log.lines().collect();
     let mut first = None;
     let mut errors = Vec::new();
@@ -199,11 +198,11 @@ pub fn classify_log(log: &str, tree: &Path) -> Failure {
         .map(|l| crate::text::truncate(l, EXCERPT_LINE_CHARS))
         .collect::<Vec<_>>()
         .join("\n");
-    Failure {
+    CompileFailure {
         reason: if api {
-            Reason::KernelApiMismatch
+            Failure::KernelApiMismatch
         } else {
-            Reason::BuildFailed
+            Failure::BuildFailed
         },
         errors,
         excerpt,
@@ -211,7 +210,7 @@ pub fn classify_log(log: &str, tree: &Path) -> Failure {
 }
 
 fn failure_message(
-    f: &Failure,
+    f: &CompileFailure,
     exit: &std::process::ExitStatus,
     driver: &str,
     flavor: ModuleFlavor,
@@ -233,13 +232,13 @@ fn failure_message(
         seen.join(" | ")
     };
     let what = match f.reason {
-        Reason::KernelApiMismatch => format!(
+        Failure::KernelApiMismatch => format!(
             "NVIDIA {driver} ({flavor}) does not compile against kernel {release}: the kernel's API changed"
         ),
         _ => format!("NVIDIA {driver} ({flavor}) failed to compile for kernel {release}"),
     };
     let hint = match f.reason {
-        Reason::KernelApiMismatch => {
+        Failure::KernelApiMismatch => {
             "use a driver branch that supports this kernel (or the other flavor)"
         }
         _ => "see the log",

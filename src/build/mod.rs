@@ -30,11 +30,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::artifact;
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{CpuArch, HostRoot, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Reason};
 
-pub use compile::{EXCERPT_LINES, Failure, classify_log, make_args};
+pub use compile::{CompileFailure, EXCERPT_LINES, classify_log, make_args};
 pub use package::{check_machine, check_vermagic, collect_modules};
 pub use preflight::{
     CompilerMatch, Target, check_compiler, check_disk, check_proc, check_tools, choose_compiler,
@@ -165,7 +165,7 @@ pub fn build(opts: &BuildOptions) -> BuildResult {
 /// Failures of our own filesystem (work and output directories): not the
 /// package's, the headers' or the compiler's fault, so the closed list has
 /// nothing closer than Internal.
-const LOCAL_IO: Reason = Reason::Internal;
+const LOCAL_IO: Failure = Failure::Internal;
 
 fn run(
     opts: &BuildOptions,
@@ -225,7 +225,7 @@ fn refuse_compile(opts: &BuildOptions, cache: Option<&crate::cache::Session>) ->
     Err(match cache {
         Some(session) => session.not_cached_error(),
         None => Error::new(
-            Reason::ArtifactNotCached,
+            Failure::ArtifactNotCached,
             "--no-compile without an artifact cache (--cache-url): nothing can supply the artifact",
         )
         .with_hint("pass --cache-url, or allow compiling on the node"),
@@ -237,14 +237,14 @@ fn check_arguments(opts: &BuildOptions) -> Result<()> {
     if let Some(v) = &opts.driver_version {
         if !crate::host::is_driver_version(v) {
             return Err(Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!("--driver-version {v:?} is not a driver version like 535.261.03"),
             ));
         }
     }
     if fs::symlink_metadata(&opts.source).is_err() {
         return Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("--source {} does not exist", opts.source.display()),
         ));
     }
@@ -367,7 +367,7 @@ fn check_release_name(release: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("kernel release {release:?} is not a release like 6.1.0-50-cloud-amd64"),
         ))
     }

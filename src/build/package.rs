@@ -12,10 +12,9 @@ use crate::artifact::{
     self, MANIFEST_VERSION, Manifest, ManifestFile, ManifestLink, ManifestModule, ManifestUserFile,
     PackFile,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::CpuArch;
 use crate::modinfo;
-use crate::report::Reason;
 
 /// The modules NVIDIA's Makefile builds (`NV_KERNEL_MODULES`); `nvidia` is
 /// the one without which nothing works.
@@ -182,7 +181,7 @@ pub fn collect_modules(tree: &Path) -> Result<Vec<PathBuf>> {
     }
     if found.is_empty() || (nvidia_tree && !found.iter().any(|p| p.ends_with("nvidia.ko"))) {
         return Err(Error::new(
-            Reason::BuildFailed,
+            Failure::BuildFailed,
             format!("make succeeded but {} holds no nvidia.ko", tree.display()),
         ));
     }
@@ -206,7 +205,7 @@ fn stage_module(ko: &Path, dest_dir: &Path, release: &str, target: &Target) -> R
     let dest = dest_dir.join(&file_name);
     run_strip(&target.tool("strip"), ko, &dest)?;
     let info = modinfo::read_modinfo(&dest)
-        .map_err(|e| Error::new(Reason::BuildFailed, format!("reading modinfo: {e}")))?;
+        .map_err(|e| Error::new(Failure::BuildFailed, format!("reading modinfo: {e}")))?;
     check_vermagic(&file_name, &info.vermagic, release)?;
     check_machine(&file_name, info.machine, target.arch)?;
     let (sha256, size_bytes) = crate::files::sha256_file(&dest, LOCAL_IO)?;
@@ -240,9 +239,9 @@ fn run_strip(strip: &str, src: &Path, dest: &Path) -> Result<()> {
     let mut cmd = crate::process::command(strip);
     cmd.arg("--strip-debug").arg("-o").arg(dest).arg(src);
     // Not starting is a missing tool; failing is a bad module file.
-    let out = crate::process::output(&mut cmd, Reason::CompilerMissing)?;
+    let out = crate::process::output(&mut cmd, Failure::CompilerMissing)?;
     if !out.status.success() {
-        return Err(crate::process::exit_error(&cmd, &out, Reason::BuildFailed));
+        return Err(crate::process::exit_error(&cmd, &out, Failure::BuildFailed));
     }
     Ok(())
 }
@@ -256,7 +255,7 @@ pub fn check_machine(module: &str, machine: u16, arch: CpuArch) -> Result<()> {
     let found = CpuArch::from_elf_machine(machine)
         .map_or_else(|| format!("ELF machine {machine}"), |a| a.to_string());
     Err(Error::new(
-        Reason::BuildFailed,
+        Failure::BuildFailed,
         format!("{module} was built for {found}, not for {arch}"),
     ))
 }
@@ -267,7 +266,7 @@ pub fn check_vermagic(module: &str, vermagic: &str, release: &str) -> Result<()>
         Ok(())
     } else {
         Err(Error::new(
-            Reason::BuildFailed,
+            Failure::BuildFailed,
             format!(
                 "{module} was built with vermagic {:?}, which is not for kernel {release}; the headers do not match the release",
                 vermagic.trim_end()

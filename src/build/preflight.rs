@@ -7,10 +7,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{BuildOptions, BuildStatus, CompilerUsed, HeadersUsed, LOCAL_IO};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::headers::{KernelHeaders, inspect_headers, locate_headers};
 use crate::host::CpuArch;
-use crate::report::Reason;
 
 /// What preflight established: the headers, the compiler, the work dir.
 pub(super) struct Preflight {
@@ -64,7 +63,7 @@ pub fn check_proc(proc_dir: &Path) -> Result<()> {
         return Ok(());
     }
     Err(Error::new(
-        Reason::ProcNotMounted,
+        Failure::ProcNotMounted,
         format!(
             "{} does not exist: /proc is not mounted in the build environment, and NVIDIA's conftest.sh silently misdetects the kernel without it",
             exe.display()
@@ -122,7 +121,7 @@ impl Target {
 pub fn target_arch(flag: Option<CpuArch>, headers: &KernelHeaders) -> Result<CpuArch> {
     match (flag, headers.arch) {
         (Some(f), Some(h)) if f != h => Err(Error::new(
-            Reason::KernelHeadersMismatch,
+            Failure::KernelHeadersMismatch,
             format!(
                 "--arch {f} but the kernel headers at {} are for {h} (their .config)",
                 headers.arch_dir.display()
@@ -202,7 +201,7 @@ pub fn check_tools(
                 .map(|t| format!(" (the kernel was built with {t})"))
                 .unwrap_or_default();
             Err(Error::new(
-                Reason::CompilerMissing,
+                Failure::CompilerMissing,
                 format!(
                     "{} not found on PATH ({}){kernel_cc}",
                     missing.join(", "),
@@ -226,14 +225,14 @@ pub fn check_tools(
 fn run_compiler_version(cc: &str) -> Result<String> {
     let mut cmd = crate::process::command(cc);
     cmd.arg("--version");
-    let out = crate::process::output(&mut cmd, Reason::CompilerMissing)?;
+    let out = crate::process::output(&mut cmd, Failure::CompilerMissing)?;
     let text = String::from_utf8_lossy(&out.stdout);
     match (out.status.success(), parse_version_first_line(&text)) {
         (true, Some(v)) => Ok(v),
         _ => Err(crate::process::exit_error(
             &cmd,
             &out,
-            Reason::CompilerMissing,
+            Failure::CompilerMissing,
         )),
     }
 }
@@ -300,7 +299,7 @@ pub fn check_compiler(cc: &str, kernel_text: Option<&str>) -> Result<CompilerUse
             ),
             CompilerMatch::Different => {
                 return Err(Error::new(
-                    Reason::CompilerMismatch,
+                    Failure::CompilerMismatch,
                     format!(
                         "the compiler is {version:?} but the kernel was built with {k:?} (CONFIG_CC_VERSION_TEXT)"
                     ),
@@ -326,7 +325,7 @@ pub fn check_disk(dir: &Path, needed: u64) -> Result<u64> {
     let free = st.blocks_available().saturating_mul(st.fragment_size());
     if free < needed {
         return Err(Error::new(
-            Reason::InsufficientDisk,
+            Failure::InsufficientDisk,
             format!(
                 "{} has {} MiB free; a build needs {} MiB",
                 dir.display(),

@@ -6,9 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{BuildOptions, BuildStatus, Cleanup, LOCAL_IO, remove_dir_if_present, seconds};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::CpuArch;
-use crate::report::Reason;
 
 /// The unpacked package: its module tree, version, firmware and user space.
 pub(super) struct Source {
@@ -85,7 +84,7 @@ pub fn driver_version_of(tree: &Path, flag: Option<&str>) -> Result<String> {
     }
     match (declared, flag) {
         (Some(d), Some(f)) if d != f => Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!(
                 "--driver-version {f} but the source {} is driver {d}",
                 tree.display()
@@ -94,7 +93,7 @@ pub fn driver_version_of(tree: &Path, flag: Option<&str>) -> Result<String> {
         (Some(d), _) => Ok(d),
         (None, Some(f)) => Ok(f.to_string()),
         (None, None) => Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!(
                 "the source {} declares no driver version (no NV_VERSION_STRING in its Kbuild, no version.mk)",
                 tree.display()

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use super::store::{Downloaded, Store, describe};
 use super::{CacheStatus, FORMAT_VERSION};
 use crate::artifact::{MANIFEST_VERSION, Manifest};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{CpuArch, ModuleFlavor};
 use crate::report::Reason;
 
@@ -143,12 +143,12 @@ pub(super) fn read_entry(
     let got = match store.get_to_file(&rel, parent, entry.artifact_size_bytes) {
         Ok(Some(d)) => d,
         Ok(None) => return Found::Corrupt(format!("{} is missing", entry.artifact)),
-        Err(e) if e.reason == Reason::ArtifactInvalid => return Found::Corrupt(e.message),
-        Err(e) => return Found::Unavailable(e.message),
+        Err(e) if e.reason == Reason::ArtifactInvalid => return Found::Corrupt(e.to_string()),
+        Err(e) => return Found::Unavailable(e.to_string()),
     };
     status.bytes_downloaded += got.size;
     if let Err(e) = verify_artifact(&got, &entry) {
-        return Found::Corrupt(e.message);
+        return Found::Corrupt(e.to_string());
     }
     let mode = std::os::unix::fs::PermissionsExt::from_mode(0o644);
     if let Err(e) = std::fs::set_permissions(got.file.path(), mode) {
@@ -171,7 +171,7 @@ const MAX_ARTIFACT_BYTES: u64 = 4 << 30;
 /// against the key, then every file inside against the build manifest
 /// (the artifact module's check, streamed from the downloaded file).
 fn verify_artifact(got: &Downloaded, entry: &StoredEntry) -> Result<()> {
-    let corrupt = |m: String| Error::new(Reason::ArtifactInvalid, m);
+    let corrupt = |m: String| Error::new(Failure::ArtifactInvalid, m);
     if got.size != entry.artifact_size_bytes {
         return Err(corrupt(format!(
             "{} is truncated or padded: {} bytes, the manifest says {}",
@@ -201,7 +201,7 @@ fn verify_artifact(got: &Downloaded, entry: &StoredEntry) -> Result<()> {
         }
     }
     let file = std::fs::File::open(got.file.path())
-        .map_err(|e| Error::io(Reason::Internal, "reading", got.file.path(), e))?;
+        .map_err(|e| Error::io(Failure::Internal, "reading", got.file.path(), e))?;
     crate::artifact::check_reader(std::io::BufReader::new(file), &entry.manifest)
 }
 

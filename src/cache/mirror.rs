@@ -6,7 +6,7 @@ use std::path::Path;
 use object_store::PutMode;
 
 use super::store::{CacheConfig, Store, is_conflict, unavailable};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::report::Reason;
 
 /// The object name of a driver package in the store's mirror.
@@ -32,14 +32,14 @@ fn restore_package(
     };
     // A node's first fetch: its package cache may not exist yet.
     std::fs::create_dir_all(parent)
-        .map_err(|e| Error::io(Reason::Internal, "creating", parent, e))?;
+        .map_err(|e| Error::io(Failure::Internal, "creating", parent, e))?;
     let max = crate::fetch::DEFAULT_MAX_DOWNLOAD_MIB << 20;
     let Some(got) = store.get_to_file(&rel, parent, max)? else {
         return Ok(None);
     };
     if got.sha256 != sha256 {
         return Err(Error::new(
-            Reason::ChecksumMismatch,
+            Failure::ChecksumMismatch,
             format!(
                 "{}/{rel} has sha256 {}, not the trusted {sha256}; not used",
                 store.display, got.sha256
@@ -51,9 +51,9 @@ fn restore_package(
         file.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o644),
     )
-    .map_err(|e| Error::io(Reason::Internal, "setting permissions of", file.path(), e))?;
+    .map_err(|e| Error::io(Failure::Internal, "setting permissions of", file.path(), e))?;
     file.persist(dest)
-        .map_err(|e| Error::io(Reason::Internal, "renaming into place", dest, e.error))?;
+        .map_err(|e| Error::io(Failure::Internal, "renaming into place", dest, e.error))?;
     crate::files::sync_dir(parent);
     Ok(Some(got.size))
 }
@@ -123,7 +123,8 @@ fn store_package(cfg: &CacheConfig, file: &str, path: &Path) -> Result<bool> {
     if store.head(&rel).map_err(|e| unavailable(&e))?.is_some() {
         return Ok(false);
     }
-    let bytes = std::fs::read(path).map_err(|e| Error::io(Reason::Internal, "reading", path, e))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::io(Failure::Internal, "reading", path, e))?;
     match store.put(&rel, bytes, PutMode::Create) {
         Ok(_) => Ok(true),
         Err(e) if is_conflict(&e) => Ok(false),
@@ -134,7 +135,7 @@ fn store_package(cfg: &CacheConfig, file: &str, path: &Path) -> Result<bool> {
 fn check_file_name(file: &str) -> Result<()> {
     if file.is_empty() || file.contains('/') || file.starts_with('.') {
         Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("{file:?} is not a package file name"),
         ))
     } else {

@@ -13,8 +13,7 @@ use super::entry::{CacheKey, Found, StoredEntry, read_entry};
 use super::store::{CacheConfig, Store, StoreResult, describe, is_conflict};
 use super::{CacheOutcome, CacheStatus, LEASE_SETTLE};
 use crate::artifact::Manifest;
-use crate::error::Error;
-use crate::report::Reason;
+use crate::error::{Error, Failure};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -106,7 +105,7 @@ impl Session {
         let url = self.status.url.as_deref().unwrap_or("?");
         if let (Some(found), Some(expected)) = (&self.refused_sha256, &self.cfg.expected_sha256) {
             return Error::new(
-                Reason::ChecksumMismatch,
+                Failure::ChecksumMismatch,
                 format!(
                     "the cache entry {key} in {url} holds an artifact with sha256 {found}, not the expected {expected} (--artifact-sha256); refused, and --no-compile forbids compiling on the node"
                 ),
@@ -123,7 +122,7 @@ impl Session {
             )
         };
         Error::new(
-            Reason::ArtifactNotCached,
+            Failure::ArtifactNotCached,
             format!(
                 "no usable artifact for {key} in the cache {url} ({why}), and --no-compile forbids compiling on the node"
             ),

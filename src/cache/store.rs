@@ -13,8 +13,7 @@ use object_store::{
 use sha2::{Digest, Sha256};
 
 use super::{DEFAULT_LEASE_TTL_SECS, DEFAULT_POLL_MS, DEFAULT_WAIT_SECS};
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 /// `--cache-url` and its companions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +61,7 @@ impl CacheConfig {
             if let Some((var, endpoint)) = s3_endpoint_from_env() {
                 if endpoint.to_ascii_lowercase().starts_with("http://") {
                     return Err(Error::new(
-                        Reason::InsecureUrl,
+                        Failure::InsecureUrl,
                         format!(
                             "the cache's S3 endpoint {var}={endpoint} is plain http and --allow-http was not given"
                         ),
@@ -81,7 +80,7 @@ pub fn check_sha256_flag(sha: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("--artifact-sha256 {sha:?} is not a sha256 (64 hex digits)"),
         )
         .with_hint("pass the build Job's status.built.artifactSha256"))
@@ -112,7 +111,7 @@ enum Location {
 fn parse_url(url: &str) -> Result<Location> {
     let bad = |why: &str| {
         Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("--cache-url {url:?}: {why}"),
         )
         .with_hint(
@@ -188,7 +187,7 @@ impl Store {
             .build()
             .map_err(|e| {
                 Error::new(
-                    Reason::Internal,
+                    Failure::Internal,
                     format!("starting the cache's runtime: {e}"),
                 )
             })?;
@@ -242,8 +241,8 @@ impl Store {
             .prefix(".cache-get-")
             .suffix(".partial")
             .tempfile_in(dir)
-            .map_err(|e| Error::io(Reason::Internal, "creating a temporary file in", dir, e))?;
-        let write_err = |e| Error::io(Reason::Internal, "writing", tmp.path(), e);
+            .map_err(|e| Error::io(Failure::Internal, "creating a temporary file in", dir, e))?;
+        let write_err = |e| Error::io(Failure::Internal, "writing", tmp.path(), e);
         let mut out = std::io::BufWriter::new(tmp.as_file());
         let mut hasher = Sha256::new();
         let mut size = 0u64;
@@ -259,7 +258,7 @@ impl Store {
                 size += chunk.len() as u64;
                 if size > max {
                     return Err(Error::new(
-                        Reason::ArtifactInvalid,
+                        Failure::ArtifactInvalid,
                         format!("{}/{rel} is over {} MiB; not used", self.display, max >> 20),
                     ));
                 }
@@ -353,7 +352,7 @@ fn client_options(allow_http: bool) -> ClientOptions {
 fn backend(cfg: &CacheConfig, location: Location) -> Result<(Arc<dyn ObjectStore>, String)> {
     let fail = |e: object_store::Error| {
         Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("configuring the store {}: {e}", cfg.url),
         )
     };
@@ -362,7 +361,7 @@ fn backend(cfg: &CacheConfig, location: Location) -> Result<(Arc<dyn ObjectStore
             // A read-only session creates nothing, not even the store.
             if !cfg.read_only {
                 std::fs::create_dir_all(&dir)
-                    .map_err(|e| Error::io(Reason::Internal, "creating", &dir, e))?;
+                    .map_err(|e| Error::io(Failure::Internal, "creating", &dir, e))?;
             }
             let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                 .map_err(fail)?
@@ -448,12 +447,13 @@ pub(super) fn is_conflict(e: &object_store::Error) -> bool {
 
 /// A store request that failed: the store is unreachable or refused.
 pub(super) fn unavailable(e: &object_store::Error) -> Error {
-    Error::new(Reason::DownloadFailed, describe(e))
+    Error::new(Failure::DownloadFailed, describe(e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     #[test]
     fn urls_parse_into_locations() {
@@ -492,7 +492,7 @@ mod tests {
         ] {
             let e = parse_url(bad).unwrap_err();
             assert_eq!(e.reason, Reason::InvalidArgument, "{bad}");
-            assert!(e.message.contains("s3://BUCKET"), "{}", e.message);
+            assert!(e.to_string().contains("s3://BUCKET"), "{}", e.to_string());
         }
     }
 
@@ -505,7 +505,7 @@ mod tests {
             cfg.expected_sha256 = Some(bad.to_string());
             let e = cfg.check().unwrap_err();
             assert_eq!(e.reason, Reason::InvalidArgument, "{bad:?}");
-            assert!(e.message.contains("--artifact-sha256"), "{e}");
+            assert!(e.to_string().contains("--artifact-sha256"), "{e}");
         }
     }
 }

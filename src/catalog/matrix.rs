@@ -14,9 +14,8 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::{Catalog, Exclusion};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{KernelVersion, ModuleFlavor};
-use crate::report::Reason;
 
 /// The fields of one matrix result that matter here; the rest is ignored.
 #[derive(Debug, Default, Deserialize)]
@@ -47,10 +46,10 @@ type Key = (String, Option<String>, (u32, u32));
 /// `#` comments; nothing to suggest is not an error.
 pub fn matrix_exclusions(catalog: &Catalog, path: &Path) -> Result<String> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::io(Reason::InvalidArgument, "reading", path, e))?;
+        .map_err(|e| Error::io(Failure::InvalidArgument, "reading", path, e))?;
     let matrix: Matrix = serde_json::from_str(&text).map_err(|e| {
         Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("{}: not a build matrix: {e}", path.display()),
         )
     })?;

@@ -8,9 +8,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{CpuArch, KernelVersion, ModuleFlavor};
-use crate::report::Reason;
 
 mod check;
 mod matrix;
@@ -258,18 +257,18 @@ impl Catalog {
 
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(Reason::CatalogInvalid, "reading catalog", path, e))?;
+            .map_err(|e| Error::io(Failure::CatalogInvalid, "reading catalog", path, e))?;
         Self::parse(&text, &path.display().to_string())
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Self> {
         let invalid = |msg: String| {
-            Error::new(Reason::CatalogInvalid, format!("catalog {origin}: {msg}"))
+            Error::new(Failure::CatalogInvalid, format!("catalog {origin}: {msg}"))
                 .with_hint("fix the file or omit --catalog to use the embedded one")
         };
         let mut cat: Catalog = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
         cat.origin = origin.to_string();
-        cat.validate().map_err(|e| invalid(e.message))?;
+        cat.validate().map_err(|e| invalid(e.to_string()))?;
         Ok(cat)
     }
 
@@ -430,6 +429,7 @@ impl Architecture {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     #[test]
     fn embedded_catalog_is_valid() {
@@ -534,7 +534,7 @@ mod tests {
             };
             let err = Catalog::parse(&text, "test").unwrap_err();
             assert_eq!(err.reason, Reason::CatalogInvalid);
-            assert!(err.message.contains(want), "{}", err.message);
+            assert!(err.to_string().contains(want), "{}", err.to_string());
         }
         let bad_range = EMBEDDED.replace("\"0x2900-0x2fff\"", "\"0x2fff-0x2900\"");
         assert!(

@@ -4,12 +4,11 @@
 //! ([`super::check`]).
 
 use super::{Catalog, branch_of, parse_range};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{KernelVersion, is_driver_version};
-use crate::report::Reason;
 
 fn bad(m: String) -> Error {
-    Error::new(Reason::CatalogInvalid, m)
+    Error::new(Failure::CatalogInvalid, m)
 }
 
 impl Catalog {

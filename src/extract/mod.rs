@@ -15,9 +15,8 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::ModuleFlavor;
-use crate::report::Reason;
 use crate::runfile;
 
 mod tree;
@@ -29,7 +28,7 @@ use tree::Tree;
 /// target, writing files) are not the package's fault; the closed reason
 /// list has nothing closer than Internal for them (a full disk becomes
 /// InsufficientDisk in `Error::io`).
-const LOCAL_IO: Reason = Reason::Internal;
+const LOCAL_IO: Failure = Failure::Internal;
 
 /// Bounds on what one extraction may write, so that a small hostile
 /// archive (a sparse-file or compression bomb) cannot fill the disk or
@@ -135,7 +134,7 @@ pub fn extract_package_with(src: &Path, dest: &Path, limits: Limits) -> Result<E
     }
     let name = dest.file_name().ok_or_else(|| {
         Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("extraction target {} has no file name", dest.display()),
         )
     })?;
@@ -235,14 +234,14 @@ pub fn module_source_dir(extracted: &Path, flavor: ModuleFlavor) -> Result<PathB
     match found.as_slice() {
         [one] => Ok(one.clone()),
         [] => Err(Error::new(
-            Reason::ArchiveInvalid,
+            Failure::ArchiveInvalid,
             format!(
                 "no {flavor} kernel module sources in {}: looked for {looked_for} with a Kbuild or Makefile, at the top and one directory down",
                 extracted.display()
             ),
         )),
         many => Err(Error::new(
-            Reason::ArchiveInvalid,
+            Failure::ArchiveInvalid,
             format!(
                 "{} holds more than one {flavor} kernel module source tree: {}",
                 extracted.display(),
@@ -337,7 +336,7 @@ fn sniff(src: &Path) -> Result<PackageKind> {
     match compression_of_magic(&head) {
         Some(c) => Ok(PackageKind::Tarball(c)),
         None => Err(Error::new(
-            Reason::ArchiveInvalid,
+            Failure::ArchiveInvalid,
             format!(
                 "{}: not a makeself .run, a tar archive (plain, gzip, bzip2, xz or zstd) or a directory",
                 src.display()
@@ -425,7 +424,7 @@ fn extract_makeself(src: &Path, tree: &mut Tree) -> Result<(Compression, Vec<Che
         let magic = read_head(src, &file, chunk.offset, 512)?;
         let found = compression_of_magic(&magic).ok_or_else(|| {
             Error::new(
-                Reason::ArchiveInvalid,
+                Failure::ArchiveInvalid,
                 format!(
                     "{}: the payload at byte {} is neither gzip, bzip2, xz, zstd nor tar{}",
                     src.display(),
@@ -441,7 +440,7 @@ fn extract_makeself(src: &Path, tree: &mut Tree) -> Result<(Compression, Vec<Che
             && said != found
         {
             return Err(Error::new(
-                Reason::ArchiveInvalid,
+                Failure::ArchiveInvalid,
                 format!(
                     "{}: the header decompresses the payload with '{}' but it is {found}",
                     src.display(),

@@ -10,8 +10,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::{LOCAL_IO, Limits, MAX_LINK_HOPS, limits};
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 /// `/usr/src/x` seen from the link `lib/modules/r/build` (both inside a
 /// root image) → `../../../usr/src/x`: the same place, reached without
@@ -70,7 +69,7 @@ impl<'a> Tree<'a> {
 
     fn unsafe_entry(&self, entry: &Path, why: impl std::fmt::Display) -> Error {
         Error::new(
-            Reason::UnsafeArchive,
+            Failure::UnsafeArchive,
             format!(
                 "{}: entry '{}' {why}; refused, nothing was extracted",
                 self.src.display(),
@@ -96,7 +95,7 @@ impl<'a> Tree<'a> {
 
     fn invalid(&self, what: impl std::fmt::Display) -> Error {
         Error::new(
-            Reason::ArchiveInvalid,
+            Failure::ArchiveInvalid,
             format!("{}: {what}", self.src.display()),
         )
     }
@@ -545,6 +544,7 @@ impl<'a> Tree<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     #[test]
     fn a_link_to_dot_cannot_be_used_to_climb_out() {
@@ -559,7 +559,7 @@ mod tests {
             .unwrap();
         let err = tree.finish().unwrap_err();
         assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
-        assert!(err.message.contains("'up'"), "{err}");
+        assert!(err.to_string().contains("'up'"), "{err}");
     }
 
     #[test]

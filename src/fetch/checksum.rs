@@ -8,8 +8,7 @@ use super::{
     ChecksumSource, FetchPolicy, PackageRequest, agent, check_url, describe, describe_http_error,
     file_name_of, is_sha256_hex, retryable_status,
 };
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 /// NVIDIA's redist archives sit under `.../redist/<component>/<platform>/`;
 /// their manifest is `.../redist/redistrib_<version>.json`.
@@ -37,7 +36,7 @@ pub fn find_checksum(
     let file = file_name_of(&req.url);
     let missing = |tried: &str| {
         Error::new(
-            Reason::ChecksumMissing,
+            Failure::ChecksumMissing,
             format!("no trusted sha256 for {}: {tried}", req.url),
         )
         .with_hint("pass --sha256 HEX, or serve a <url>.sha256sum companion over HTTPS")
@@ -60,7 +59,7 @@ pub fn find_checksum(
                 Some(sum) => return Ok((sum, ChecksumSource::Companion)),
                 None => tried.push(format!("{companion} holds no sha256 for {file}")),
             },
-            Err(e) => tried.push(e.message),
+            Err(e) => tried.push(e.to_string()),
         }
     }
     if let Some(manifest) = req
@@ -82,7 +81,7 @@ pub fn find_checksum(
                 Some(sum) => return Ok((sum, ChecksumSource::RedistManifest)),
                 None => tried.push(format!("{manifest} lists no {file}")),
             },
-            Err(e) => tried.push(e.message),
+            Err(e) => tried.push(e.to_string()),
         }
     }
     Err(missing(&tried.join("; ")))
@@ -146,7 +145,7 @@ fn fetch_text(policy: &FetchPolicy, url: &str) -> Result<String> {
                 let mut text = String::new();
                 resp.take(1 << 20).read_to_string(&mut text).map_err(|e| {
                     Error::new(
-                        Reason::DownloadFailed,
+                        Failure::DownloadFailed,
                         format!("reading {url}: {}", describe(&e)),
                     )
                 })?;
@@ -157,7 +156,7 @@ fn fetch_text(policy: &FetchPolicy, url: &str) -> Result<String> {
             }
             Ok(resp) => {
                 return Err(Error::new(
-                    Reason::ChecksumMissing,
+                    Failure::ChecksumMissing,
                     format!("{url} answered HTTP {}", resp.status().as_u16()),
                 ));
             }
@@ -165,7 +164,7 @@ fn fetch_text(policy: &FetchPolicy, url: &str) -> Result<String> {
         }
     }
     Err(Error::new(
-        Reason::DownloadFailed,
+        Failure::DownloadFailed,
         format!("{url}: {}", last.unwrap_or_default()),
     ))
 }

@@ -3,8 +3,7 @@
 use std::fs;
 
 use super::FetchPolicy;
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 /// Redirects followed per request.
 const MAX_REDIRECTS: usize = 5;
@@ -22,23 +21,23 @@ pub fn agent(policy: &FetchPolicy) -> Result<reqwest::blocking::Client> {
     let mut roots = crate::tls::web_roots();
     if let Some(path) = &policy.ca_bundle {
         let pem = fs::read(path)
-            .map_err(|e| Error::io(Reason::InvalidArgument, "reading CA bundle", path, e))?;
+            .map_err(|e| Error::io(Failure::InvalidArgument, "reading CA bundle", path, e))?;
         let certs = crate::tls::pem_certificates(&pem).map_err(|e| {
             Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!("CA bundle {} is not valid PEM: {e}", path.display()),
             )
         })?;
         if certs.is_empty() {
             return Err(Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!("CA bundle {} holds no PEM certificate", path.display()),
             ));
         }
         let (added, _) = roots.add_parsable_certificates(certs);
         if added == 0 {
             return Err(Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!(
                     "CA bundle {} holds no usable CA certificate",
                     path.display()
@@ -47,7 +46,7 @@ pub fn agent(policy: &FetchPolicy) -> Result<reqwest::blocking::Client> {
         }
     }
     let tls = crate::tls::client_config(roots)
-        .map_err(|e| Error::new(Reason::Internal, format!("configuring TLS: {e}")))?;
+        .map_err(|e| Error::new(Failure::Internal, format!("configuring TLS: {e}")))?;
     // The environment's proxy is chosen here, not by reqwest (no_proxy
     // first turns its own lookup off).
     let mut builder = reqwest::blocking::Client::builder()
@@ -71,7 +70,7 @@ pub fn agent(policy: &FetchPolicy) -> Result<reqwest::blocking::Client> {
     }
     builder.build().map_err(|e| {
         Error::new(
-            Reason::Internal,
+            Failure::Internal,
             format!("building the HTTP client: {}", describe(&e)),
         )
     })

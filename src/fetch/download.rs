@@ -14,7 +14,7 @@ use super::{
     Attempt, FetchError, FetchPolicy, FetchRequest, Fetched, agent, check_url, describe_http_error,
     is_sha256_hex, retryable_status,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::report::Reason;
 
 /// When a fetch must have ended.
@@ -42,7 +42,7 @@ impl Deadline {
 
     pub(super) fn error(&self, url: &str, got: u64) -> Error {
         Error::new(
-            Reason::DownloadFailed,
+            Failure::DownloadFailed,
             format!(
                 "{url}: the download deadline of {} s passed after {got} bytes",
                 self.total.as_secs()
@@ -58,7 +58,7 @@ impl Deadline {
 pub fn fetch(policy: &FetchPolicy, req: &FetchRequest) -> Result<Fetched, FetchError> {
     let slot = Slot::new(policy, &req.sha256)?;
     // Two installers on one node must not write the same partial file.
-    let _lock = crate::files::lock(&slot.lock, Reason::DownloadFailed)?;
+    let _lock = crate::files::lock(&slot.lock, Failure::DownloadFailed)?;
     if let Some(hit) = cached(&slot.final_path, &slot.sha)? {
         return Ok(hit);
     }
@@ -81,13 +81,13 @@ impl Slot {
         let sha = sha256.to_ascii_lowercase();
         if !is_sha256_hex(&sha) {
             return Err(Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!("sha256 {sha256:?} is not 64 hex digits"),
             ));
         }
         let dir = &policy.cache_dir;
         fs::create_dir_all(dir)
-            .map_err(|e| Error::io(Reason::DownloadFailed, "creating cache directory", dir, e))?;
+            .map_err(|e| Error::io(Failure::DownloadFailed, "creating cache directory", dir, e))?;
         Ok(Slot {
             final_path: dir.join(&sha),
             partial: dir.join(format!("{sha}.partial")),
@@ -102,7 +102,7 @@ impl Slot {
 fn check_sources(policy: &FetchPolicy, req: &FetchRequest, sha: &str) -> Result<()> {
     if policy.offline {
         return Err(Error::new(
-            Reason::NotCached,
+            Failure::NotCached,
             format!(
                 "--offline and {} is not in the cache {}",
                 sha,
@@ -114,7 +114,7 @@ fn check_sources(policy: &FetchPolicy, req: &FetchRequest, sha: &str) -> Result<
         ));
     }
     if req.urls.is_empty() {
-        return Err(Error::new(Reason::InvalidArgument, "no URL to fetch from"));
+        return Err(Error::new(Failure::InvalidArgument, "no URL to fetch from"));
     }
     for url in &req.urls {
         check_url(url, policy.allow_http)?;
@@ -198,7 +198,7 @@ fn cached(final_path: &Path, sha: &str) -> Result<Option<Fetched>> {
     if !final_path.exists() {
         return Ok(None);
     }
-    let (got, size) = crate::files::sha256_file(final_path, Reason::DownloadFailed)?;
+    let (got, size) = crate::files::sha256_file(final_path, Failure::DownloadFailed)?;
     if got != sha {
         tracing::warn!(
             "cached {} has sha256 {got}, not {sha}; deleting it",
@@ -233,7 +233,7 @@ fn every_source_failed(attempts: &[Attempt]) -> Error {
         })
         .collect();
     Error::new(
-        Reason::DownloadFailed,
+        Failure::DownloadFailed,
         format!(
             "every source failed after {} attempt(s): {}",
             attempts.len(),
@@ -267,7 +267,7 @@ fn fetch_from(
         let outcome = download_once(agent, url, partial, policy, deadline, &mut attempt);
         let resumed = attempt.resumed;
         if let Err(t) = &outcome {
-            attempt.error = Some(t.error.message.clone());
+            attempt.error = Some(t.error.to_string().clone());
         }
         attempts.push(attempt);
         match outcome {
@@ -284,7 +284,7 @@ fn fetch_from(
                     continue;
                 }
                 return Err(Error::new(
-                    Reason::ChecksumMismatch,
+                    Failure::ChecksumMismatch,
                     format!(
                         "{url} served bytes with sha256 {got}, expected {sha}; the file was deleted"
                     ),
@@ -301,7 +301,7 @@ fn fetch_from(
                     .min(deadline.left());
                 tracing::info!(
                     "{url}: {}; retry {retry}/{} in {:?}",
-                    t.error.message,
+                    t.error.to_string(),
                     policy.retry.retries,
                     wait
                 );
@@ -319,7 +319,7 @@ pub(super) struct Transient {
 
 pub(super) fn transient(msg: String, retryable: bool) -> Transient {
     Transient {
-        error: Error::new(Reason::DownloadFailed, msg),
+        error: Error::new(Failure::DownloadFailed, msg),
         retryable,
         retry_after: None,
     }
@@ -376,14 +376,14 @@ fn download_once(
         }
     }
     file.sync_all()
-        .map_err(|e| fatal(Error::io(Reason::DownloadFailed, "syncing", partial, e)))?;
+        .map_err(|e| fatal(Error::io(Failure::DownloadFailed, "syncing", partial, e)))?;
     Ok((hex::encode(hasher.finalize()), start + got))
 }
 
 /// A download over `--max-download-size`.
 pub(super) fn too_large(url: &str, what: &str, max: u64) -> Error {
     Error::new(
-        Reason::UnsafeArchive,
+        Failure::UnsafeArchive,
         format!(
             "{url} {what}, more than the {} MiB a download may have; nothing of it was kept",
             max >> 20
@@ -485,8 +485,14 @@ fn parse_content_range_start(v: &str) -> Option<u64> {
 
 /// Renames the verified partial into place and makes the rename durable.
 fn finish(partial: &Path, final_path: &Path) -> Result<()> {
-    fs::rename(partial, final_path)
-        .map_err(|e| Error::io(Reason::DownloadFailed, "renaming into place", final_path, e))?;
+    fs::rename(partial, final_path).map_err(|e| {
+        Error::io(
+            Failure::DownloadFailed,
+            "renaming into place",
+            final_path,
+            e,
+        )
+    })?;
     if let Some(dir) = final_path.parent() {
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
@@ -499,7 +505,7 @@ fn remove(path: &Path) -> Result<()> {
     match fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(Reason::DownloadFailed, "deleting", path, e)),
+        Err(e) => Err(Error::io(Failure::DownloadFailed, "deleting", path, e)),
     }
 }
 

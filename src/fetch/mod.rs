@@ -22,8 +22,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 pub use checksum::find_checksum;
 pub use client::{agent, retryable_status};
@@ -210,14 +209,14 @@ pub fn check_url(url: &str, allow_http: bool) -> Result<()> {
             Ok(())
         } else {
             Err(Error::new(
-                Reason::InsecureUrl,
+                Failure::InsecureUrl,
                 format!("refusing plain HTTP URL {url}"),
             )
             .with_hint("use an https:// URL or mirror, or pass --allow-http for a trusted network"))
         }
     } else {
         Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("{url} is not an http(s) URL"),
         ))
     }
@@ -226,6 +225,7 @@ pub fn check_url(url: &str, allow_http: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     #[test]
     fn backoff_doubles_and_is_capped() {

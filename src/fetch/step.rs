@@ -8,7 +8,7 @@ use super::{
     Attempt, ChecksumSource, FetchError, FetchPolicy, FetchRequest, Fetched, check_url, fetch,
     find_checksum,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::report::Reason;
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -89,7 +89,7 @@ fn source_urls(req: &PackageRequest, file: &str) -> Result<Vec<String>> {
 fn mirror_url(mirror: &str, file: &str, version: Option<&str>) -> Result<String> {
     if mirror.contains("{version}") && version.is_none() {
         return Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("mirror {mirror} needs a driver version, and none is known"),
         ));
     }

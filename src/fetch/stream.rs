@@ -10,8 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::describe;
 use super::download::{Deadline, Transient, fatal, too_large, transient};
-use crate::error::{Error, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result};
 
 /// Read and hash in chunks of this size: large enough that syscalls do not
 /// dominate, small enough that memory stays flat whatever the file size.
@@ -41,7 +40,7 @@ pub(super) fn open_partial(
     resume: bool,
     have: u64,
 ) -> std::result::Result<(File, Sha256), Transient> {
-    let io = |action: &str, e| fatal(Error::io(Reason::DownloadFailed, action, partial, e));
+    let io = |action: &str, e| fatal(Error::io(Failure::DownloadFailed, action, partial, e));
     let mut file = OpenOptions::new()
         .create(true)
         .write(true)
@@ -91,7 +90,7 @@ pub(super) fn stream(
             return Err((fatal(too_large(url, &what, bounds.max)), got));
         }
         if let Err(e) = file.write_all(&buf[..n]) {
-            let err = Error::io(Reason::DownloadFailed, "writing", partial, e);
+            let err = Error::io(Failure::DownloadFailed, "writing", partial, e);
             return Err((fatal(err), got));
         }
         hashing.submit(buf, n);
@@ -192,7 +191,7 @@ fn start_writeback(file: &File, offset: u64, len: u64) {
 
 /// Feeds the first `len` bytes of a file to `hasher`.
 fn hash_prefix(path: &Path, len: u64, hasher: &mut Sha256) -> Result<()> {
-    let f = File::open(path).map_err(|e| Error::io(Reason::DownloadFailed, "opening", path, e))?;
+    let f = File::open(path).map_err(|e| Error::io(Failure::DownloadFailed, "opening", path, e))?;
     let mut r = f.take(len);
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -200,7 +199,7 @@ fn hash_prefix(path: &Path, len: u64, hasher: &mut Sha256) -> Result<()> {
             Ok(0) => return Ok(()),
             Ok(n) => hasher.update(&buf[..n]),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(Reason::DownloadFailed, "reading", path, e)),
+            Err(e) => return Err(Error::io(Failure::DownloadFailed, "reading", path, e)),
         }
     }
 }

@@ -6,10 +6,9 @@
 use std::collections::BTreeMap;
 use std::fs;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{self, HostRoot, PciRole};
 use crate::hostfs::{HostFs, HostRootFs};
-use crate::report::Reason;
 
 /// NVIDIA's fixed character major (`NV_MAJOR_DEVICE_NUMBER`).
 const NVIDIA_MAJOR: u32 = 195;
@@ -41,7 +40,7 @@ fn parse_char_majors(text: &str) -> Result<BTreeMap<String, u32>> {
     use procfs::FromBufRead;
     let devices = procfs::Devices::from_buf_read(text.as_bytes()).map_err(|e| {
         Error::new(
-            Reason::HostReadFailed,
+            Failure::HostReadFailed,
             format!("parsing /proc/devices: {e}"),
         )
     })?;
@@ -182,10 +181,7 @@ pub(super) fn iommu_passthrough(root: &HostRoot) -> Result<Vec<String>> {
         }
         notes.push(match write_kernel_param(root, &fs, &rel, "identity") {
             Ok(()) => format!("IOMMU group of {}: {current} -> identity", dev.address),
-            Err(e) => format!(
-                "IOMMU group of {} stays {current}: {}",
-                dev.address, e.message
-            ),
+            Err(e) => format!("IOMMU group of {} stays {current}: {}", dev.address, e),
         });
     }
     Ok(notes)

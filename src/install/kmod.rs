@@ -14,10 +14,9 @@ use nix::errno::Errno;
 use nix::kmod::{DeleteModuleFlags, ModuleInitFlags};
 
 use super::documents::{InstallStatus, ModuleAction};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{self, HostRoot};
 use crate::modinfo::ModInfo;
-use crate::report::Reason;
 
 /// NVIDIA's modules in load order; unloading goes the other way.
 pub(super) const NVIDIA_STACK: &[&str] = &[
@@ -43,14 +42,14 @@ pub(super) fn parse_module_params(text: &str) -> Result<BTreeMap<String, String>
         let params: Vec<String> = words.map(str::to_string).collect();
         if params.is_empty() {
             return Err(Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!("module parameters line {}: {raw:?} has no key=value", n + 1),
             ));
         }
         for p in &params {
             if !p.contains('=') || p.starts_with('=') {
                 return Err(Error::new(
-                    Reason::InvalidArgument,
+                    Failure::InvalidArgument,
                     format!("module parameters line {}: {p:?} is not key=value", n + 1),
                 ));
             }
@@ -74,7 +73,7 @@ pub(super) fn parse_all_modules(text: &str) -> Result<BTreeMap<String, KernelMod
     use procfs::FromBufRead;
     let mods = procfs::KernelModules::from_buf_read(text.as_bytes()).map_err(|e| {
         Error::new(
-            Reason::HostReadFailed,
+            Failure::HostReadFailed,
             format!("parsing /proc/modules: {e}"),
         )
     })?;
@@ -297,9 +296,9 @@ pub(super) fn unload_all(
             Err(Errno::ENOENT) => {}
             Err(e) => {
                 let reason = if e == Errno::EBUSY || e == Errno::EAGAIN || e == Errno::EWOULDBLOCK {
-                    Reason::DriverInUse
+                    Failure::DriverInUse
                 } else {
-                    Reason::ModuleUnloadFailed
+                    Failure::ModuleUnloadFailed
                 };
                 return Err(Error::new(
                     reason,
@@ -382,7 +381,7 @@ pub(super) fn modprobe(root: &HostRoot, dep: &str) -> Result<()> {
         cmd.arg("-d").arg(root.path());
     }
     cmd.arg(dep);
-    crate::process::run(&mut cmd, Reason::ModuleLoadFailed).map(drop)
+    crate::process::run(&mut cmd, Failure::ModuleLoadFailed).map(drop)
 }
 
 #[cfg(test)]
@@ -412,7 +411,7 @@ mod tests {
         );
         assert_eq!(p["nvidia_drm"], "modeset=1");
         let e = parse_module_params("nvidia\n").unwrap_err();
-        assert!(e.message.contains("line 1"), "{e}");
+        assert!(e.to_string().contains("line 1"), "{e}");
         assert!(parse_module_params("nvidia =1\n").is_err());
     }
 

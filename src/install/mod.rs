@@ -53,9 +53,9 @@ mod steps;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::HostRoot;
-use crate::report::{Outcome, Reason};
+use crate::report::Outcome;
 
 pub use documents::{
     Action, FabricManagerState, InstallResult, InstallSpec, InstallStatus, ModuleAction,
@@ -68,7 +68,7 @@ pub use services::{HostTool, exec_host_tool};
 const LOCK_PATH: &str = "/run/gpu-driver/install.lock";
 
 /// The reason of a failure on this machine's own files (not the host's).
-const LOCAL_IO: Reason = Reason::Internal;
+const LOCAL_IO: Failure = Failure::Internal;
 
 pub struct InstallOptions<'a> {
     pub root: &'a HostRoot,
@@ -116,14 +116,14 @@ impl FabricManagerArchive {
             .unwrap_or_default();
         let version = crate::fabric::archive_version(&name).ok_or_else(|| {
             Error::new(
-                Reason::FabricManagerFailed,
+                Failure::FabricManagerFailed,
                 format!(
                     "{}: not named like NVIDIA's archive fabricmanager-linux-<platform>-<version>-archive.tar.xz",
                     path.display()
                 ),
             )
         })?;
-        let (sha256, _) = crate::files::sha256_file(path, Reason::FabricManagerFailed)?;
+        let (sha256, _) = crate::files::sha256_file(path, Failure::FabricManagerFailed)?;
         Ok(FabricManagerArchive {
             path: path.to_path_buf(),
             sha256,
@@ -166,7 +166,7 @@ fn check_root() -> Result<()> {
         Ok(())
     } else {
         Err(Error::new(
-            Reason::NotRoot,
+            Failure::NotRoot,
             format!(
                 "loading kernel modules needs root (effective uid is {})",
                 nix::unistd::geteuid()

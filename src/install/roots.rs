@@ -9,10 +9,9 @@ use std::path::{Path, PathBuf};
 use super::documents::{FabricManagerState, InstallStatus};
 use super::{DRIVERS_DIR, FabricManagerArchive, LOCAL_IO};
 use crate::artifact::Manifest;
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::HostRoot;
 use crate::hostfs::{HostFs, Kind as FsKind};
-use crate::report::Reason;
 
 /// The name prefix of the directory an artifact is unpacked into.
 const STAGING_PREFIX: &str = ".staging-";
@@ -198,7 +197,7 @@ pub(super) fn place_fabric_manager(
 ) -> Result<()> {
     if fm.version != manifest.driver_version {
         return Err(Error::new(
-            Reason::FabricManagerFailed,
+            Failure::FabricManagerFailed,
             format!(
                 "Fabric Manager {} does not match driver {}; it refuses to run against another driver version",
                 fm.version, manifest.driver_version
@@ -239,7 +238,7 @@ pub(super) fn open_staging(fs: &HostFs) -> Result<Staging<'_>> {
 pub(super) fn root_name(staging: &Staging, manifest: &Manifest, release: &str) -> Result<String> {
     let manifest_sum = crate::files::sha256_file(&staging.path.join("manifest.json"), LOCAL_IO)
         .map(|(sum, _)| sum)
-        .map_err(|e| Error::new(Reason::ArtifactInvalid, e.message))?;
+        .map_err(|e| Error::new(Failure::ArtifactInvalid, e.to_string()))?;
     Ok(format!(
         "{}-{}-{}-{}",
         manifest.driver_version,

@@ -10,11 +10,10 @@ use std::path::Path;
 use std::process::Command;
 
 use super::documents::{InstallStatus, service_state};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::fabric::{CURRENT_ROOT, FM_BINARY, FM_CONFIG, PERSISTENCED_BINARY};
 use crate::host::{HostRoot, HostRootSource};
 use crate::hostfs::HostFs;
-use crate::report::Reason;
 
 const FABRIC_MANAGER_UNIT: &str = "nvidia-fabricmanager.service";
 const PERSISTENCED_UNIT: &str = "nvidia-persistenced.service";
@@ -29,7 +28,7 @@ const JOURNAL_LINES: usize = 20;
 /// A daemon's unit that cannot be written or started: `FabricManagerFailed`
 /// (for persistenced the caller turns it into a note).
 fn failed(message: String) -> Error {
-    Error::new(Reason::FabricManagerFailed, message)
+    Error::new(Failure::FabricManagerFailed, message)
 }
 
 // ------------------------------------------------------------ units
@@ -94,7 +93,7 @@ fn persistenced_unit() -> String {
 /// Returns the unit file's host path.
 fn write_unit(fs: &HostFs, unit: &str, text: &str) -> Result<String> {
     let path = format!("{UNIT_DIR}/{unit}");
-    let io = |e: Error| failed(format!("writing the systemd unit {path}: {}", e.message));
+    let io = |e: Error| failed(format!("writing the systemd unit {path}: {}", e));
     fs.create_dir_all(UNIT_DIR).map_err(io)?;
     fs.write_atomic(&path, text.as_bytes(), 0o644).map_err(io)?;
     fs.create_dir_all(WANTS_DIR).map_err(io)?;
@@ -177,7 +176,7 @@ pub fn exec_host_tool(tool: HostTool, args: &[String]) -> Error {
     // The working directory is a path of the namespace we left.
     if let Err(e) = std::env::set_current_dir("/") {
         return Error::io(
-            Reason::FabricManagerFailed,
+            Failure::FabricManagerFailed,
             "changing to",
             Path::new("/"),
             e,
@@ -198,7 +197,7 @@ fn systemctl(how: HostSystemd, args: &[&str]) -> Result<()> {
     let Some(mut cmd) = host_command(how, HostTool::Systemctl, args) else {
         return Ok(());
     };
-    crate::process::run(&mut cmd, Reason::FabricManagerFailed).map(|_| ())
+    crate::process::run(&mut cmd, Failure::FabricManagerFailed).map(|_| ())
 }
 
 /// The unit's last journal lines, or why they could not be read.
@@ -208,9 +207,9 @@ fn journal_tail(how: HostSystemd, unit: &str) -> String {
     let Some(mut cmd) = host_command(how, HostTool::Journalctl, &args) else {
         return String::new();
     };
-    match crate::process::run(&mut cmd, Reason::FabricManagerFailed) {
+    match crate::process::run(&mut cmd, Failure::FabricManagerFailed) {
         Ok(out) => tail_text(&String::from_utf8_lossy(&out.stdout)),
-        Err(e) => format!("({})", e.message),
+        Err(e) => format!("({})", e),
     }
 }
 
@@ -250,7 +249,7 @@ fn start_units(
     commands.push("systemctl daemon-reload".to_string());
     for unit in units {
         if let Err(e) = systemctl(how, &[verb, unit]) {
-            let mut msg = format!("starting {unit}: {}", e.message);
+            let mut msg = format!("starting {unit}: {}", e);
             let journal = journal_tail(how, unit);
             if !journal.is_empty() {
                 msg.push_str(&format!("; journalctl -u {unit}: {journal}"));
@@ -279,7 +278,7 @@ pub(super) fn stop_ours(fs: &HostFs, how: HostSystemd) -> Vec<String> {
         match systemctl(how, &["stop", unit]) {
             Ok(()) if how == HostSystemd::Unreachable => {}
             Ok(()) => notes.push(format!("stopped {unit} before replacing the driver")),
-            Err(e) => notes.push(format!("{unit} not stopped: {}", e.message)),
+            Err(e) => notes.push(format!("{unit} not stopped: {}", e)),
         }
     }
     notes
@@ -359,13 +358,14 @@ fn start_persistenced(fs: &HostFs, how: HostSystemd, restart: bool, st: &mut Ins
         Ok((f, started)) => st
             .services
             .push(service_state(PERSISTENCED_UNIT, f, how, &started)),
-        Err(e) => st.notes.push(format!("nvidia-persistenced: {}", e.message)),
+        Err(e) => st.notes.push(format!("nvidia-persistenced: {}", e)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Reason;
 
     #[test]
     fn units_run_from_the_current_root_and_wait_for_the_driver() {
@@ -455,13 +455,13 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.reason, Reason::FabricManagerFailed);
         assert!(
-            e.message
+            e.to_string()
                 .starts_with("systemctl daemon-reload exited with exit status: 1: "),
             "{e}"
         );
         assert!(
-            e.message.contains("not been booted with systemd")
-                || e.message.contains("Failed to connect to bus"),
+            e.to_string().contains("not been booted with systemd")
+                || e.to_string().contains("Failed to connect to bus"),
             "{e}"
         );
     }

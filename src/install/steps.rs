@@ -13,7 +13,7 @@ use super::kmod::{self, KernelModule, NVIDIA_STACK};
 use super::roots::{self, Staging, in_drivers};
 use super::{InstallOptions, LOCAL_IO, LOCK_PATH, UninstallOptions, check_root, devices, services};
 use crate::artifact::{self, Manifest};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::{self, HostRoot};
 use crate::hostfs::{HostFs, HostRootFs};
 use crate::modinfo::{self, ModInfo};
@@ -94,7 +94,7 @@ fn prepare<'a>(opts: &'a InstallOptions<'a>, st: &mut InstallStatus) -> Result<R
     let given = match &opts.module_params {
         Some(p) => kmod::parse_module_params(
             &fs::read_to_string(p)
-                .map_err(|e| Error::io(Reason::InvalidArgument, "reading", p, e))?,
+                .map_err(|e| Error::io(Failure::InvalidArgument, "reading", p, e))?,
         )?,
         None => BTreeMap::new(),
     };
@@ -131,7 +131,7 @@ fn check_vermagic(
     for entry in &manifest.modules {
         let path = staging.path.join(&entry.file);
         let info =
-            modinfo::read_modinfo(&path).map_err(|e| e.into_error(Reason::ArtifactInvalid))?;
+            modinfo::read_modinfo(&path).map_err(|e| e.into_error(Failure::ArtifactInvalid))?;
         all.push(Selected {
             info,
             rel: entry.file.clone(),
@@ -156,7 +156,7 @@ fn check_vermagic(
     }
     if !wrong.is_empty() {
         return Err(Error::new(
-            Reason::VermagicMismatch,
+            Failure::VermagicMismatch,
             format!(
                 "the running kernel is {release}, but {} (artifact built for {}); nothing was loaded",
                 wrong.join(", "),
@@ -200,7 +200,7 @@ fn find_conflicts(run: &Run, sel: &Selection, st: &mut InstallStatus) -> Result<
         let busy = kmod::in_use(&conflicting, &loaded);
         if !busy.is_empty() && !run.opts.force {
             return Err(Error::new(
-                Reason::DriverInUse,
+                Failure::DriverInUse,
                 format!(
                     "another driver is loaded and in use: {}",
                     busy.join("; ")
@@ -364,7 +364,7 @@ fn load_dependencies(run: &Run, sel: &Selection, m: &Selected) -> Result<()> {
     for dep in missing {
         if let Err(e) = kmod::modprobe(run.root, dep) {
             return Err(Error::new(
-                Reason::ModuleLoadFailed,
+                Failure::ModuleLoadFailed,
                 format!(
                     "{} depends on {dep}, which is not loaded, and modprobe {dep} failed: {e}",
                     m.info.name
@@ -388,7 +388,7 @@ fn load_one(
     let param = run.params.get(name).cloned().unwrap_or_default();
     let cparam = CString::new(param).map_err(|_| {
         Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("parameters of {name} contain NUL"),
         )
     })?;
@@ -416,7 +416,7 @@ fn load_one(
         format!("kernel log: {}", refusal.kernel_log.join(" | "))
     };
     Err(Error::new(
-        Reason::ModuleLoadFailed,
+        Failure::ModuleLoadFailed,
         format!(
             "loading {name} ({}): {}; {kernel}",
             placed.host_dir.join(&m.rel).display(),
@@ -524,7 +524,7 @@ pub(super) fn uninstall(opts: &UninstallOptions, st: &mut InstallStatus) -> Resu
     let busy = kmod::in_use(&set, &loaded);
     if !busy.is_empty() && !opts.force {
         return Err(
-            Error::new(Reason::DriverInUse, format!("in use: {}", busy.join("; ")))
+            Error::new(Failure::DriverInUse, format!("in use: {}", busy.join("; ")))
                 .with_hint("stop what uses it first; --force tries the unload anyway"),
         );
     }

@@ -4,9 +4,8 @@
 use super::{FlavorChoice, OPEN_DEFAULT_FROM_BRANCH};
 use crate::catalog::{Architecture, FlavorRule};
 use crate::detect::Gpu;
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::ModuleFlavor;
-use crate::report::Reason;
 
 /// Open for Turing and newer with drivers from 560 on, proprietary otherwise;
 /// open is refused for GPUs that cannot use it (Volta and older), and
@@ -26,7 +25,7 @@ pub fn choose_flavor(
         .filter(|(_, a)| a.is_some_and(|a| a.open_only))
         .map(|(g, a)| describe(g, *a))
         .collect();
-    let refuse = |msg: String| Err(Error::new(Reason::FlavorNotSupported, msg));
+    let refuse = |msg: String| Err(Error::new(Failure::FlavorNotSupported, msg));
     if !open_only.is_empty() && !not_open.is_empty() {
         return refuse(format!(
             "no module flavor drives every GPU: {} need the open modules, {} cannot use them",
@@ -87,7 +86,7 @@ pub(super) fn flavor_by_rule(
     };
     let refused = |what: String| {
         Error::new(
-            Reason::FlavorNotSupported,
+            Failure::FlavorNotSupported,
             format!(
                 "{what}, but only the {} modules work on kernel {release}: {}",
                 rule.flavor, rule.reason
@@ -100,7 +99,7 @@ pub(super) fn flavor_by_rule(
                 .with_hint("use --flavor auto, or a kernel where both flavors work"),
         );
     }
-    let (flavor, _) = choose_flavor(only, branch, archs).map_err(|e| refused(e.message))?;
+    let (flavor, _) = choose_flavor(only, branch, archs).map_err(|e| refused(e.to_string()))?;
     Ok((
         flavor,
         format!(

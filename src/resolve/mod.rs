@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{self, Architecture, Catalog};
 use crate::detect::{self, DetectOptions, Gpu, HostReport};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::headers::installed_headers;
 use crate::host::{self, CpuArch, HostRoot, KernelVersion, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, StatusOutcome};
@@ -264,7 +264,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     // 1. Driver version.
     let (version, source) = choose_version(st, opts, &os.id, os.version.as_deref(), kernel, arch)?;
     let branch = catalog::branch_of(&version)
-        .ok_or_else(|| Error::new(Reason::Internal, format!("no branch in {version}")))?;
+        .ok_or_else(|| Error::new(Failure::Internal, format!("no branch in {version}")))?;
     st.driver_version = Some(version.clone());
     st.driver_branch = Some(branch.to_string());
     st.driver_version_source = Some(source);
@@ -313,15 +313,15 @@ fn detected_target(report: &HostReport) -> Result<(&host::OsInfo, String, Kernel
         .status
         .os
         .as_ref()
-        .ok_or_else(|| Error::new(Reason::Internal, "detected without os"))?;
+        .ok_or_else(|| Error::new(Failure::Internal, "detected without os"))?;
     let release = report
         .status
         .kernel_release
         .clone()
-        .ok_or_else(|| Error::new(Reason::Internal, "detected without kernel release"))?;
+        .ok_or_else(|| Error::new(Failure::Internal, "detected without kernel release"))?;
     let kernel = KernelVersion::parse(&release).ok_or_else(|| {
         Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("kernel release {release:?} does not start with a version like 6.12.0"),
         )
         .with_hint("check --kernel-release or the host's /proc/sys/kernel/osrelease")
@@ -339,7 +339,7 @@ fn refuse_excluded(
 ) -> Result<()> {
     match cat.exclusion_for(version, kernel, Some(flavor)) {
         Some(x) => Err(Error::new(
-            Reason::IncompatibleKernel,
+            Failure::IncompatibleKernel,
             format!(
                 "driver {version} ({flavor}) is known not to work with kernel {release}: {}",
                 x.reason
@@ -423,7 +423,7 @@ fn choose_version(
         Some(v) if is_branch(v) => (branch_version(cat, v, arch)?, VersionSource::Flag),
         Some(v) => {
             return Err(Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!(
                     "--driver-version {v:?} is neither a driver version like 580.126.09 nor a branch like 580"
                 ),
@@ -480,7 +480,7 @@ fn check_gpus(archs: &[(&Gpu, Option<&Architecture>)], branch: u32) -> Result<()
         if let Some(a) = arch {
             if !a.supports_branch(branch) {
                 return Err(Error::new(
-                    Reason::GpuNotSupported,
+                    Failure::GpuNotSupported,
                     format!(
                         "GPU {} ({} {}) is not supported by driver branch {branch}{}",
                         gpu.pci_address,
@@ -606,7 +606,7 @@ fn branch_version(cat: &Catalog, branch: &str, arch: CpuArch) -> Result<String> 
                 .into_iter()
                 .collect();
             Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 format!(
                     "catalog {} has no release of driver branch {branch} (it lists {})",
                     cat.origin,
@@ -650,14 +650,14 @@ pub fn find_headers(
     }
     let entry = cat.os(&os.id).ok_or_else(|| {
         Error::new(
-            Reason::UnsupportedOs,
+            Failure::UnsupportedOs,
             format!("no catalog entry for {}", os.id),
         )
     })?;
     let version = os.version.as_deref().unwrap_or("");
     let rel = entry.release_for(version).ok_or_else(|| {
         Error::new(
-            Reason::UnsupportedOs,
+            Failure::UnsupportedOs,
             format!("{} {version} is not in the catalog", entry.name),
         )
     })?;

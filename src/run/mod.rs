@@ -17,7 +17,7 @@ use crate::build::{self, BuildOptions, BuildResult};
 use crate::cache::CacheConfig;
 use crate::catalog::Catalog;
 use crate::detect::{self, DetectOptions, DetectSpec, HostReport};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::fetch::{
     self, ChecksumSource, FetchPolicy, FetchResult, PackageRequest, RetryPolicy, Timeouts,
 };
@@ -288,7 +288,7 @@ fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
         },
         (None, None) => {
             return failed(&Error::new(
-                Reason::Internal,
+                Failure::Internal,
                 "fetch without a URL or a plan",
             ));
         }
@@ -349,7 +349,11 @@ fn package_request(cfg: &Config, plan: &InstallPlan) -> Result<PackageRequest> {
     let outcome = &plan.status.outcome;
     let package = match (&plan.status.package, outcome.reason) {
         (Some(p), Reason::Resolved) => p,
-        _ => return Err(Error::new(outcome.reason, outcome.message.clone())),
+        // A plan without a package that still says Resolved is our bug.
+        _ => {
+            let failure = outcome.reason.split().err().unwrap_or(Failure::Internal);
+            return Err(Error::new(failure, outcome.message.clone()));
+        }
     };
     let mut mirrors = cfg.download.mirrors.clone();
     mirrors.extend(package.mirrors.iter().cloned());
@@ -563,14 +567,14 @@ fn check_install_flags(cfg: &Config) -> Result<()> {
         crate::cache::check_sha256_flag(sha)?;
         if cfg.cache.is_none() && cfg.artifact.is_none() {
             return Err(Error::new(
-                Reason::InvalidArgument,
+                Failure::InvalidArgument,
                 "--artifact-sha256 is the expected sha256 of the cached artifact, and there is no --cache-url",
             ));
         }
     }
     if cfg.no_compile && cfg.cache.is_none() && cfg.artifact.is_none() {
         return Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             "--no-compile without --cache-url (or --artifact): nothing could supply the artifact",
         )
         .with_hint("pass the artifact cache with --cache-url, or allow compiling on the node"));

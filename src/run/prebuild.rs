@@ -8,7 +8,7 @@ use super::{
 use crate::build::BuildResult;
 use crate::catalog::Catalog;
 use crate::detect::{self, DetectSpec, HostReport};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::host::CpuArch;
 use crate::report::{Kind, Outcome, Phase, Reason};
 use crate::resolve::{FlavorChoice, InstallPlan};
@@ -78,7 +78,7 @@ pub fn prebuild(cfg: &Config, os_id: &str, os_version: &str) -> RunResult {
 fn check_prebuild_flags(cfg: &Config, os_id: &str, os_version: &str) -> Result<(String, CpuArch)> {
     let missing = |what: &str| {
         Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             format!("prebuild needs {what}: it builds for a target, not for the host it runs on"),
         )
         .with_hint("e.g. prebuild --os-id gardenlinux --os-version 1877.3 --kernel-release 6.12.44-cloud-amd64 --arch amd64 --cache-url s3://BUCKET/PREFIX")
@@ -100,7 +100,7 @@ fn check_prebuild_flags(cfg: &Config, os_id: &str, os_version: &str) -> Result<(
     })?;
     if cache.read_only {
         return Err(Error::new(
-            Reason::InvalidArgument,
+            Failure::InvalidArgument,
             "prebuild with --cache-read-only: prebuild exists to store the artifact, so its cache must be writable",
         ));
     }
@@ -150,7 +150,7 @@ fn stored_artifact(built: &BuildResult) -> Result<(BuiltArtifact, String)> {
             cache.warnings.join("; ")
         };
         return Err(Error::new(
-            Reason::CacheWriteFailed,
+            Failure::CacheWriteFailed,
             format!(
                 "built {} but it is not in the cache {url} (cache {:?}: {why})",
                 st.artifact.as_deref().unwrap_or("the artifact"),
@@ -161,7 +161,7 @@ fn stored_artifact(built: &BuildResult) -> Result<(BuiltArtifact, String)> {
     }
     let incomplete = |what: &str| {
         Error::new(
-            Reason::Internal,
+            Failure::Internal,
             format!("the build succeeded without {what}"),
         )
     };
@@ -287,7 +287,7 @@ mod tests {
         st.cache = Some(cache.clone());
         let e = stored_artifact(&built).unwrap_err();
         assert_eq!(e.reason, Reason::CacheWriteFailed);
-        assert!(e.message.contains("403 Forbidden"), "{e}");
+        assert!(e.to_string().contains("403 Forbidden"), "{e}");
         assert_eq!(e.reason.exit_code(), 13);
 
         cache.stored = true;

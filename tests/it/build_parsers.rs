@@ -165,9 +165,9 @@ fn check_compiler_reports_both_strings_on_mismatch() {
     let e = build::check_compiler("gcc", Some("gcc-4 (Ancient 4.9.2-1) 4.9.2")).unwrap_err();
     assert_eq!(e.reason, Reason::CompilerMismatch);
     assert!(
-        e.message.contains("4.9.2") && e.message.contains("gcc ("),
+        e.to_string().contains("4.9.2") && e.to_string().contains("gcc ("),
         "{}",
-        e.message
+        e.to_string()
     );
     let ok = build::check_compiler("gcc", None).unwrap();
     assert!(ok.version.starts_with("gcc"), "{ok:?}");
@@ -202,12 +202,20 @@ fn the_kernels_compiler_is_preferred_and_tools_are_required() {
     let no_cc = fake_path(&["make", "ld", "strip"]);
     let e = check_tools(k12, t, no_cc.path().as_os_str()).unwrap_err();
     assert_eq!(e.reason, Reason::CompilerMissing);
-    assert!(e.message.contains("gcc not found"), "{}", e.message);
-    assert!(e.message.contains("apt-get install"), "{}", e.message);
+    assert!(e.to_string().contains("gcc not found"), "{}", e.to_string());
+    assert!(
+        e.to_string().contains("apt-get install"),
+        "{}",
+        e.to_string()
+    );
 
     let no_make = fake_path(&["gcc", "ld"]);
     let e = check_tools(None, t, no_make.path().as_os_str()).unwrap_err();
-    assert!(e.message.contains("make, strip not found"), "{}", e.message);
+    assert!(
+        e.to_string().contains("make, strip not found"),
+        "{}",
+        e.to_string()
+    );
 
     // Not executable does not count.
     let dir = fake_path(&["make", "ld", "strip"]);
@@ -258,16 +266,16 @@ fn a_cross_build_uses_the_targets_tools() {
     let e = check_tools(k12, &arm, native_only.path().as_os_str()).unwrap_err();
     assert_eq!(e.reason, Reason::CompilerMissing);
     assert!(
-        e.message.contains(
+        e.to_string().contains(
             "aarch64-linux-gnu-gcc, aarch64-linux-gnu-ld, aarch64-linux-gnu-strip not found"
         ),
         "{}",
-        e.message
+        e.to_string()
     );
     assert!(
-        e.message.contains("binutils-aarch64-linux-gnu"),
+        e.to_string().contains("binutils-aarch64-linux-gnu"),
         "{}",
-        e.message
+        e.to_string()
     );
     // An x86_64 build on an arm64 builder.
     let x86 = Target::new(CpuArch::X86_64, CpuArch::Aarch64);
@@ -335,9 +343,9 @@ fn the_target_architecture_is_the_headers_and_the_flag_must_agree() {
     let e = target_arch(Some(CpuArch::X86_64), &h).unwrap_err();
     assert_eq!(e.reason, Reason::KernelHeadersMismatch);
     assert!(
-        e.message.contains("--arch x86_64") && e.message.contains("are for aarch64"),
+        e.to_string().contains("--arch x86_64") && e.to_string().contains("are for aarch64"),
         "{}",
-        e.message
+        e.to_string()
     );
     // Headers whose configuration names no architecture: the flag, else
     // the builder's own.
@@ -439,17 +447,17 @@ fn common_dir_is_found_inside_the_host_root_or_beside_the_arch_dir() {
     let e = headers::inspect_headers(&arch, &hr, "6.1.0-51-cloud-amd64").unwrap_err();
     assert_eq!(e.reason, Reason::KernelHeadersMismatch);
     assert!(
-        e.message
+        e.to_string()
             .contains("are for 6.1.0-50-cloud-amd64, not for 6.1.0-51-cloud-amd64"),
         "{}",
-        e.message
+        e.to_string()
     );
 
     // No common part anywhere: incomplete.
     fs::remove_dir_all(&common).unwrap();
     let e = headers::inspect_headers(&arch, &hr, rel).unwrap_err();
     assert_eq!(e.reason, Reason::KernelHeadersMismatch);
-    assert!(e.message.contains("incomplete"), "{}", e.message);
+    assert!(e.to_string().contains("incomplete"), "{}", e.to_string());
 }
 
 #[test]
@@ -472,9 +480,9 @@ fn headers_lookup_under_the_host_root() {
     let e = headers::locate_headers(None, &hr, rel).unwrap_err();
     assert_eq!(e.reason, Reason::KernelHeadersNotFound);
     assert!(
-        e.message.contains("linux-headers-6.1.0-50-cloud-amd64"),
+        e.to_string().contains("linux-headers-6.1.0-50-cloud-amd64"),
         "{}",
-        e.message
+        e.to_string()
     );
     let arch = debian_headers(host.path(), rel, rel, "6.1.176\n");
     assert_eq!(headers::locate_headers(None, &hr, rel).unwrap(), arch);
@@ -495,13 +503,13 @@ fn proc_and_disk_checks() {
     let empty = tempfile::tempdir().unwrap();
     let e = check_proc(empty.path()).unwrap_err();
     assert_eq!(e.reason, Reason::ProcNotMounted);
-    assert!(e.message.contains("mount -t proc"), "{}", e.message);
+    assert!(e.to_string().contains("mount -t proc"), "{}", e.to_string());
 
     let dir = tempfile::tempdir().unwrap();
     assert!(check_disk(dir.path(), 1).unwrap() >= 1);
     let e = check_disk(dir.path(), u64::MAX).unwrap_err();
     assert_eq!(e.reason, Reason::InsufficientDisk);
-    assert!(e.message.contains("MiB free"), "{}", e.message);
+    assert!(e.to_string().contains("MiB free"), "{}", e.to_string());
 }
 
 // ---------------------------------------------------------------- sources
@@ -539,7 +547,7 @@ fn driver_version_from_the_source_tree() {
     )
     .unwrap();
     let e = build::driver_version_of(&tree, Some("570.1.2")).unwrap_err();
-    assert!(e.message.contains("570.1.2") && e.message.contains("580.95.05"));
+    assert!(e.to_string().contains("570.1.2") && e.to_string().contains("580.95.05"));
 }
 
 #[test]
@@ -689,12 +697,16 @@ fn modinfo_of_a_real_module() {
     let e = check_machine("nvidia-peermem.ko", info.machine, CpuArch::Aarch64).unwrap_err();
     assert_eq!(e.reason, Reason::BuildFailed);
     assert_eq!(
-        e.message,
+        e.to_string(),
         "nvidia-peermem.ko was built for x86_64, not for aarch64"
     );
     let e = check_vermagic("nvidia-peermem.ko", &info.vermagic, "6.1.0-5").unwrap_err();
     assert_eq!(e.reason, Reason::BuildFailed);
-    assert!(e.message.contains("nvidia-peermem.ko"), "{}", e.message);
+    assert!(
+        e.to_string().contains("nvidia-peermem.ko"),
+        "{}",
+        e.to_string()
+    );
 
     // The same module cross-built for arm64 (scripts/builder-root
     // bookworm-arm64, stripped by aarch64-linux-gnu-strip): ELF64

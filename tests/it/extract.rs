@@ -302,16 +302,16 @@ fn expect_err(src: &Path, dest: &Path, reason: Reason, needle: &str) -> String {
     let err = extract_package(src, dest).expect_err("extraction must fail");
     assert_eq!(err.reason, reason, "{err}");
     assert!(
-        err.message.contains(needle),
+        err.to_string().contains(needle),
         "message should mention {needle:?}: {err}"
     );
     assert!(
-        err.message.contains(&src.display().to_string()),
+        err.to_string().contains(&src.display().to_string()),
         "message should name the file: {err}"
     );
     assert_nothing_left(dest);
     eprintln!("refused as expected: {err}");
-    err.message
+    err.to_string()
 }
 
 // ------------------------------------------------------ makeself archives
@@ -803,7 +803,7 @@ fn existing_target_and_unknown_files_are_errors() {
     let dest = work.path().join("out");
     fs::create_dir(&dest).unwrap();
     let err = extract_package(&tree, &dest).unwrap_err();
-    assert!(err.message.contains("already exists"), "{err}");
+    assert!(err.to_string().contains("already exists"), "{err}");
 
     let junk = work.path().join("junk.run");
     fs::write(&junk, b"just some text\n").unwrap();
@@ -848,7 +848,7 @@ fn debian_nvidia_open_kernel_source_tarball() {
     assert!(dir.join("nvidia/nv.c").is_file() || dir.join("nvidia").is_dir());
     let err = module_source_dir(&dest, ModuleFlavor::Proprietary).unwrap_err();
     assert_eq!(err.reason, Reason::ArchiveInvalid);
-    assert!(err.message.contains("modules/nvidia-kernel/"), "{err}");
+    assert!(err.to_string().contains("modules/nvidia-kernel/"), "{err}");
 }
 
 /// A GNU sparse entry whose map says "16 GiB, all hole": a few hundred
@@ -892,7 +892,7 @@ fn a_decompression_bomb_stops_at_the_size_limit() {
     let err = extract_package_with(&bomb, &dest, limits).expect_err("must be refused");
     assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
     assert!(
-        err.message.contains("64 MiB") && err.message.contains("--max-unpacked-size"),
+        err.to_string().contains("64 MiB") && err.to_string().contains("--max-unpacked-size"),
         "{err}"
     );
     assert_nothing_left(&dest);
@@ -923,7 +923,7 @@ fn an_archive_of_too_many_entries_is_refused() {
     };
     let err = extract_package_with(&src, &dest, limits).expect_err("must be refused");
     assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
-    assert!(err.message.contains("--max-unpacked-entries"), "{err}");
+    assert!(err.to_string().contains("--max-unpacked-entries"), "{err}");
     assert_nothing_left(&dest);
     // Within the limit it unpacks.
     let ok = Limits {
