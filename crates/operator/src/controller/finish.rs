@@ -1,0 +1,251 @@
+//! A node's Job: created, or its result carried onto the node.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::patch::{failure_patch, ready_patch};
+use super::{Context, Error, facts, job_is_terminal};
+use crate::crd::GpuDriver;
+use crate::decide::{self, JobRole, UpgradeState};
+use crate::job::{self, JobRequest};
+use crate::keys;
+use crate::outcome::{self, JobState, PodResult};
+use gpu_driver_contract::report::{Phase, Reason};
+
+/// Creates a Job, counting the write; AlreadyExists is success (made by
+/// an earlier incarnation of this operator: same name, same desired state).
+pub(super) async fn create_job(ctx: &Context, obj: &Job, name: &str, role: JobRole) -> Result<(), Error> {
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.opts.namespace);
+    ctx.metrics.write("create", "jobs");
+    match api.create(&PostParams::default(), obj).await {
+        Ok(_) => {
+            ctx.metrics
+                .inc("gpu_driver_jobs_created_total", &[("role", role.as_str())]);
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(Error::Kube(format!("creating Job {name}"), e)),
+    }
+    ctx.memo().created.insert(name.to_string(), Instant::now());
+    Ok(())
+}
+
+pub(super) async fn drive_job(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    req: &JobRequest<'_>,
+) -> Result<Action, Error> {
+    let (role, name, key) = (req.role, req.name, req.key);
+    if ctx.memo().handled.contains_key(name) {
+        // Our node patch for this Job is on its way through the watch.
+        return Ok(Action::await_change());
+    }
+    let node_name = node.name_any();
+    let Some(job) = ctx.jobs.get(&ctx.job_ref(name)) else {
+        if ctx.memo().created.contains_key(name) {
+            return Ok(Action::await_change());
+        }
+        let max = gd.spec.max_parallel as usize;
+        if role == JobRole::Install && max > 0 && ctx.active_installs(gd) >= max {
+            ctx.memo().waiting.insert(node_name);
+            // Woken when a slot frees up; the requeue is a safety net.
+            return Ok(Action::requeue(Duration::from_secs(30)));
+        }
+        let obj = job::build(gd, req);
+        create_job(ctx, &obj, name, role).await?;
+        tracing::info!("node {node_name}: created {} Job {name}", role.as_str());
+        return Ok(Action::await_change());
+    };
+    let pods = ctx.pods_of(name);
+    let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+    let (result, failure) = match outcome::job_state(&job, &pod_refs, Timestamp::now().as_second())
+    {
+        // A finished Job whose pod the cache has not caught up with: the
+        // pod's event comes; the requeue covers a pod that never does.
+        JobState::Running if job_is_terminal(&job) => {
+            return Ok(Action::requeue(Duration::from_secs(
+                outcome::LOST_POD_GRACE_SECONDS as u64 + 5,
+            )));
+        }
+        JobState::Running => return Ok(Action::await_change()),
+        JobState::Succeeded(result) => (result, None),
+        JobState::Failed {
+            result,
+            job_reason,
+            job_message,
+        } => (result, Some(format!("{job_reason}: {job_message}"))),
+    };
+    let action = handle_finished(ctx, gd, node, role, &job, key, result, failure).await;
+    if role == JobRole::Install && action.is_ok() {
+        // A parallel slot is free.
+        ctx.wake_waiting(1);
+    }
+    action
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn handle_finished(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    role: JobRole,
+    job: &Job,
+    key: &str,
+    result: Option<PodResult>,
+    job_failure: Option<String>,
+) -> Result<Action, Error> {
+    let name = job.name_any();
+    let node_name = node.name_any();
+    let now = Timestamp::now();
+    let f = facts(node);
+    let m = &ctx.metrics;
+
+    // No GPU after all (detect Job, or the install Job's own detect step).
+    if let Some(r) = result.as_ref().filter(|r| r.reason == Reason::NoGpu) {
+        let patch = json!({"metadata": {
+            "labels": {keys::READY_LABEL: null},
+            "annotations": {keys::GPU: "false", keys::STATE: "NoGpu", keys::JOB: name}}});
+        ctx.patch_node(&node_name, &patch).await?;
+        ctx.memo().handled.insert(name.clone(), Instant::now());
+        if role == JobRole::Install {
+            m.inc("gpu_driver_installs_total", &[("result", "skipped")]);
+        }
+        tracing::info!("node {node_name}: no NVIDIA GPU ({})", r.message);
+        return Ok(Action::await_change());
+    }
+
+    let succeeded =
+        job_failure.is_none() && result.as_ref().is_some_and(|r| r.phase == Phase::Succeeded);
+    if role == JobRole::Detect && succeeded {
+        let patch = json!({"metadata": {"annotations": {keys::GPU: "true", keys::JOB: name}}});
+        ctx.patch_node(&node_name, &patch).await?;
+        ctx.memo().handled.insert(name, Instant::now());
+        return Ok(Action::await_change());
+    }
+    if succeeded && let Some(r) = &result {
+        return mark_installed(ctx, gd, node, job, key, r, now).await;
+    }
+
+    // Failed: the Job failed, or a pod "succeeded" without a result that
+    // says so. Never marked installed.
+    let (reason, message) = match (&result, &job_failure) {
+        (Some(r), _) if r.phase == Phase::Failed => (r.reason.to_string(), r.message.clone()),
+        (_, Some(why)) => ("JobFailed".to_string(), why.clone()),
+        _ => (
+            "NoResult".to_string(),
+            "the Job's pod ended without an installer result in its termination message"
+                .to_string(),
+        ),
+    };
+    // The message goes into an Event and a node annotation: an installer
+    // of another version may not have masked its URLs.
+    let message = gpu_driver_contract::redact::text(&message).into_owned();
+    let attempts = decide::failures(&f, key) + 1;
+    let wait = decide::backoff_seconds(
+        attempts,
+        gd.spec.job.retry_base_seconds,
+        gd.spec.job.retry_max_seconds,
+    );
+    ctx.event(
+        node,
+        EventType::Warning,
+        if role == JobRole::Install {
+            "InstallFailed"
+        } else {
+            "DetectFailed"
+        },
+        format!("Job {name}: {reason}: {message} (attempt {attempts}, next in {wait}s)"),
+    )
+    .await;
+    let mut patch = failure_patch(key, attempts, &reason, &message, now);
+    let upgrading = UpgradeState::of(&f) == UpgradeState::Installing;
+    if upgrading && role == JobRole::Install {
+        // The roll stops at this node; it stays cordoned and is retried
+        // with the usual backoff.
+        patch["metadata"]["annotations"][keys::UPGRADE] = json!("Failed");
+    }
+    ctx.patch_node(&node_name, &patch).await?;
+    if upgrading && role == JobRole::Install {
+        ctx.event(
+            node,
+            EventType::Warning,
+            "UpgradeFailed",
+            format!("{reason}: {message}; the roll stops here"),
+        )
+        .await;
+        m.inc("gpu_driver_upgrades_total", &[("step", "failed")]);
+    }
+    ctx.memo().handled.insert(name, Instant::now());
+    m.inc("gpu_driver_installs_total", &[("result", "failed")]);
+    m.inc("gpu_driver_install_failures_total", &[("reason", &reason)]);
+    tracing::warn!("node {node_name}: {reason}: {message}; retry in {wait}s");
+    Ok(Action::requeue(Duration::from_secs(wait.max(1))))
+}
+
+/// An install Job whose result says installed: the node gets its ready
+/// patch, the metrics and a Normal Event.
+async fn mark_installed(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    job: &Job,
+    key: &str,
+    r: &PodResult,
+    now: Timestamp,
+) -> Result<Action, Error> {
+    let name = job.name_any();
+    let node_name = node.name_any();
+    let m = &ctx.metrics;
+    let ours = ctx.memo().cordoned.contains_key(&node_name);
+    let upgraded = ours
+        || facts(node).annotations.contains_key(keys::UPGRADE)
+        || ctx.memo().upgrading.contains_key(&node_name);
+    let patch = ready_patch(gd, node, key, &name, r, now, ours);
+    ctx.patch_node(&node_name, &patch).await?;
+    {
+        let mut memo = ctx.memo();
+        memo.handled.insert(name.clone(), Instant::now());
+        memo.gated.remove(&node_name);
+        memo.cordoned.remove(&node_name);
+        memo.installed
+            .insert(node_name.clone(), (key.to_string(), Instant::now()));
+    }
+    if upgraded {
+        m.inc("gpu_driver_upgrades_total", &[("step", "done")]);
+        ctx.upgrade_done(&node_name);
+    }
+    m.inc("gpu_driver_installs_total", &[("result", "succeeded")]);
+    m.inc(
+        "gpu_driver_cache_total",
+        &[("outcome", r.cache.as_deref().unwrap_or("Unknown"))],
+    );
+    if let Some(s) = outcome::job_seconds(job, now.as_second()) {
+        m.observe_duration(s);
+    }
+    let version = r
+        .installed
+        .as_ref()
+        .and_then(|i| i.driver_version.clone())
+        .unwrap_or_else(|| "unknown".into());
+    ctx.event(
+        node,
+        EventType::Normal,
+        "DriverInstalled",
+        format!(
+            "NVIDIA driver {version} installed for kernel {} by Job {name}",
+            facts(node).kernel
+        ),
+    )
+    .await;
+    tracing::info!("node {node_name}: driver {version} installed");
+    Ok(Action::await_change())
+}
+

@@ -1,0 +1,341 @@
+//! Rolling driver upgrades: a few nodes at a time, cordoned and drained
+//! of GPU pods before their install Job.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, EvictParams, ListParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use serde_json::json;
+
+use super::patch::failure_patch;
+use super::{Context, Error, driver_for, facts};
+use crate::crd::GpuDriver;
+use crate::decide::{self, DrainStep, UpgradeState};
+use crate::keys;
+
+
+/// The pods on `node` that use an NVIDIA device plugin resource and have
+/// not ended.
+async fn gpu_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>, Error> {
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let list = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(|e| Error::Kube(format!("listing the pods on node {node}"), e))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .filter(uses_gpu)
+        .collect())
+}
+
+/// Does any container of the pod request or limit an `nvidia.com/*`
+/// resource?
+pub fn uses_gpu(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .any(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flat_map(|m| m.keys())
+                .any(|k| decide::is_gpu_resource(k))
+        })
+}
+
+impl Context {
+    /// The roll of `gd`'s nodes: (maxUnavailable as a count, nodes in
+    /// progress, the node it stopped at).
+    fn roll(&self, gd: &GpuDriver) -> (u32, HashSet<String>, Option<String>) {
+        let drivers = self.drivers.state();
+        let owner = gd.name_any();
+        let mut gpu_nodes = 0u32;
+        let mut busy = HashSet::new();
+        let mut stopped = None;
+        for n in self.nodes.state().iter() {
+            let f = facts(n);
+            if driver_for(&drivers, &f).is_none_or(|d| d.name_any() != owner) {
+                continue;
+            }
+            if decide::gpu_presence(&gd.spec, &f) == decide::Gpu::Yes {
+                gpu_nodes += 1;
+            }
+            let st = UpgradeState::of(&f);
+            if st.in_progress() {
+                busy.insert(f.name.clone());
+            }
+            if st == UpgradeState::Failed && stopped.is_none() {
+                stopped = Some(f.name.clone());
+            }
+        }
+        let max = decide::max_unavailable(&gd.spec.upgrade_policy.max_unavailable, gpu_nodes);
+        (max, busy, stopped)
+    }
+
+    /// Takes an upgrade slot for `node` if one is free and the roll is not
+    /// stopped; the count and the reservation are one step under the memo
+    /// lock, so that concurrent reconciles never overshoot.
+    fn reserve_upgrade(&self, gd: &GpuDriver, node: &str) -> Slot {
+        let (max, mut busy, stopped) = self.roll(gd);
+        let mut memo = self.memo();
+        // Started by us, not in the cache yet (or finished and forgotten).
+        memo.upgrading
+            .retain(|n, at| busy.contains(n) || at.elapsed() < Duration::from_secs(60));
+        if memo.upgrading.contains_key(node) || busy.contains(node) {
+            // Our start patch is on its way through the watch: sending it
+            // again would cost a write and an Event.
+            return Slot::Started;
+        }
+        busy.extend(memo.upgrading.keys().cloned());
+        if stopped.is_some() || busy.len() as u32 >= max {
+            memo.upgrade_waiting.insert(node.to_string());
+            return Slot::Full;
+        }
+        memo.upgrade_waiting.remove(node);
+        memo.upgrading.insert(node.to_string(), Instant::now());
+        Slot::Reserved
+    }
+
+    /// An upgrade ended (installed, or the node left): wake nodes waiting
+    /// for a slot.
+    pub(super) fn upgrade_done(&self, node: &str) {
+        let mut memo = self.memo();
+        memo.upgrading.remove(node);
+        let picked: Vec<String> = memo.upgrade_waiting.iter().cloned().collect();
+        for name in picked {
+            memo.upgrade_waiting.remove(&name);
+            let _ = self.wake.send(ObjectRef::new(&name));
+        }
+    }
+}
+
+/// What [`Context::reserve_upgrade`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Reserved,
+    /// This process started the node's upgrade; the cache lags.
+    Started,
+    Full,
+}
+
+/// One step of a node's driver upgrade. `None`: drained, go install;
+/// `Some(action)`: not yet (no slot, still draining, failed).
+pub(super) async fn upgrade(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    key: &str,
+) -> Result<Option<Action>, Error> {
+    let f = facts(node);
+    let name = f.name.clone();
+    let policy = &gd.spec.upgrade_policy;
+    let now = Timestamp::now();
+    let state = UpgradeState::of(&f);
+    if state == UpgradeState::Installing {
+        return Ok(None);
+    }
+    if state == UpgradeState::Idle {
+        return start_upgrade(ctx, gd, node).await;
+    }
+    // Draining, or Failed with its backoff over (plan() held it back
+    // until then): drain (again).
+    let pods = gpu_pods(ctx, &name).await?;
+    let started = if state == UpgradeState::Failed {
+        None
+    } else {
+        decide::upgrade_started(&f)
+    };
+    match decide::drain_step(policy, pods.len(), started, now.as_second()) {
+        DrainStep::Install => {
+            let patch = json!({"metadata": {"annotations": {keys::UPGRADE: "Installing"}}});
+            ctx.patch_node(&name, &patch).await?;
+            ctx.event(
+                node,
+                EventType::Normal,
+                "UpgradeDrained",
+                "no GPU pod left on the node: installing".into(),
+            )
+            .await;
+            Ok(None)
+        }
+        DrainStep::Drain => {
+            if state == UpgradeState::Failed {
+                // A retry after the backoff: the drain's clock starts anew.
+                let patch = json!({"metadata": {"annotations": {
+                    keys::UPGRADE: "Draining", keys::UPGRADE_STARTED: now.to_string()}}});
+                ctx.patch_node(&name, &patch).await?;
+                ctx.event(
+                    node,
+                    EventType::Normal,
+                    "UpgradeRetry",
+                    format!("draining {} GPU pod(s) again", pods.len()),
+                )
+                .await;
+            }
+            if policy.evict {
+                evict(ctx, &name, &pods).await;
+            }
+            Ok(Some(Action::requeue(Duration::from_secs(2))))
+        }
+        DrainStep::TimedOut => {
+            let names: Vec<String> = pods
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                .collect();
+            let message = format!(
+                "GPU pods still on the node after {}s{}: {}",
+                policy.drain_timeout_seconds,
+                if policy.evict {
+                    " (evictions refused, e.g. by a PodDisruptionBudget)"
+                } else {
+                    " (upgradePolicy.evict is false: waiting for them to end)"
+                },
+                names.join(", ")
+            );
+            let attempts = decide::failures(&f, key) + 1;
+            let mut patch = failure_patch(key, attempts, "DrainTimeout", &message, now);
+            patch["metadata"]["annotations"][keys::UPGRADE] = json!("Failed");
+            ctx.patch_node(&name, &patch).await?;
+            ctx.event(
+                node,
+                EventType::Warning,
+                "UpgradeFailed",
+                format!("DrainTimeout: {message}; the roll stops here"),
+            )
+            .await;
+            ctx.metrics
+                .inc("gpu_driver_upgrades_total", &[("step", "failed")]);
+            let wait = decide::backoff_seconds(
+                attempts,
+                gd.spec.job.retry_base_seconds,
+                gd.spec.job.retry_max_seconds,
+            );
+            Ok(Some(Action::requeue(Duration::from_secs(wait.max(1)))))
+        }
+    }
+}
+
+/// The node's turn in the roll, if a slot is free: cordon it (unless
+/// someone else did), record the start, and go straight to installing when
+/// no GPU pod runs there.
+async fn start_upgrade(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+) -> Result<Option<Action>, Error> {
+    let f = facts(node);
+    let name = f.name.clone();
+    let now = Timestamp::now();
+    match ctx.reserve_upgrade(gd, &name) {
+        Slot::Reserved => {}
+        Slot::Started => return Ok(Some(Action::requeue(Duration::from_secs(2)))),
+        Slot::Full => return Ok(Some(Action::requeue(Duration::from_secs(30)))),
+    }
+    let pods = gpu_pods(ctx, &name).await?;
+    let cordon = !node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    let next = if pods.is_empty() {
+        UpgradeState::Installing
+    } else {
+        UpgradeState::Draining
+    };
+    let mut patch = json!({"metadata": {"annotations": {
+        keys::UPGRADE: next.as_str(),
+        keys::UPGRADE_STARTED: now.to_string(),
+        keys::UPGRADE_CORDONED: cordon.to_string(),
+    }}});
+    if f.labels.contains_key(keys::READY_LABEL) {
+        // Its turn: the ready label goes with the cordon.
+        patch["metadata"]["labels"] = json!({ keys::READY_LABEL: null });
+    }
+    if cordon {
+        patch["spec"] = json!({"unschedulable": true});
+    }
+    if let Err(e) = ctx.patch_node(&name, &patch).await {
+        // Not started after all: the next reconcile may try again.
+        ctx.memo().upgrading.remove(&name);
+        return Err(e);
+    }
+    if cordon {
+        ctx.memo().cordoned.insert(name.clone(), Instant::now());
+    }
+    let from = f
+        .annotations
+        .get(keys::DRIVER_VERSION)
+        .cloned()
+        .unwrap_or_else(|| "unknown".into());
+    let to = gd
+        .spec
+        .driver
+        .version
+        .clone()
+        .unwrap_or_else(|| "the catalog's".into());
+    ctx.event(
+        node,
+        EventType::Normal,
+        "UpgradeStarted",
+        format!(
+            "driver {from} → {to} ({}): {}; {} GPU pod(s) to drain",
+            gd.spec.driver.flavor.as_str(),
+            if cordon {
+                "cordoned"
+            } else {
+                "already cordoned by someone else, left so"
+            },
+            pods.len()
+        ),
+    )
+    .await;
+    ctx.metrics
+        .inc("gpu_driver_upgrades_total", &[("step", "started")]);
+    Ok(match next {
+        UpgradeState::Installing => None,
+        _ => Some(Action::requeue(Duration::from_secs(1))),
+    })
+}
+
+/// Evicts each pod through the Eviction API, so that PodDisruptionBudgets
+/// decide; a refusal (429) is left for the next look.
+async fn evict(ctx: &Context, node: &str, pods: &[Pod]) {
+    for p in pods {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let ns = p.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        ctx.metrics.write("create", "pods/eviction");
+        match api.evict(&p.name_any(), &EvictParams::default()).await {
+            Ok(_) => tracing::info!("node {node}: evicted {ns}/{}", p.name_any()),
+            Err(kube::Error::Api(e)) if e.code == 429 => {
+                tracing::info!(
+                    "node {node}: eviction of {ns}/{} refused for now: {}",
+                    p.name_any(),
+                    e.message
+                );
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => tracing::warn!("node {node}: evicting {ns}/{}: {e}", p.name_any()),
+        }
+    }
+}
+
