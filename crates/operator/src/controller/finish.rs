@@ -22,7 +22,12 @@ use gpu_driver_contract::report::{Phase, Reason};
 
 /// Creates a Job, counting the write; AlreadyExists is success (made by
 /// an earlier incarnation of this operator: same name, same desired state).
-pub(super) async fn create_job(ctx: &Context, obj: &Job, name: &str, role: JobRole) -> Result<(), Error> {
+pub(super) async fn create_job(
+    ctx: &Context,
+    obj: &Job,
+    name: &str,
+    role: JobRole,
+) -> Result<(), Error> {
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.opts.namespace);
     ctx.metrics.write("create", "jobs");
     match api.create(&PostParams::default(), obj).await {
@@ -248,4 +253,3 @@ async fn mark_installed(
     tracing::info!("node {node_name}: driver {version} installed");
     Ok(Action::await_change())
 }
-

@@ -392,10 +392,8 @@ pub async fn run(
     status_task.abort();
 }
 
-
 fn tokio_stream_from<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
 ) -> impl futures::Stream<Item = T> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
-

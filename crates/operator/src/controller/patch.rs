@@ -12,7 +12,6 @@ use crate::keys;
 use crate::outcome::PodResult;
 use gpu_driver_contract::text::truncate;
 
-
 /// The patch that marks a node installed: annotations, the ready label and
 /// the startup taint's removal, in one write.
 pub fn ready_patch(
@@ -160,7 +159,6 @@ pub(super) fn status_patch(
     json!({ "status": body })
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,4 +258,3 @@ mod tests {
         );
     }
 }
-

@@ -21,7 +21,6 @@ use crate::job::JobRequest;
 use crate::keys;
 use gpu_driver_contract::text::truncate;
 
-
 pub(super) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
     let f = facts(&node);
     let Some(gd) = driver_for(&ctx.drivers.state(), &f) else {
@@ -193,7 +192,6 @@ async fn refuse(
     Ok(())
 }
 
-
 /// Takes a GPU node that is not installed for its current key out of
 /// service: ready label off, and the startup taint on unless the driver of
 /// its last verified install is still loaded (only the policy changed; see
@@ -232,4 +230,3 @@ async fn unready(
     }
     Ok(())
 }
-

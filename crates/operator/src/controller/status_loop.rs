@@ -70,4 +70,3 @@ pub(super) async fn status_loop(ctx: Arc<Context>) {
         ctx.metrics.set_all("gpu_driver_nodes", "phase", &phases);
     }
 }
-

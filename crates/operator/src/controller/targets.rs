@@ -18,7 +18,6 @@ use crate::outcome::{self, JobState, PodResult};
 use gpu_driver_contract::report::Phase;
 use gpu_driver_contract::text::truncate;
 
-
 impl Context {
     /// The target's record: this process's, else the GpuDriver's status
     /// (after a restart), else a new one.
@@ -270,7 +269,11 @@ fn wanted_targets(gd: &GpuDriver, nodes: &[NodeFacts]) -> BTreeMap<Target, u32> 
 
 /// The build side of a status tick: ensures every wanted target's build
 /// and returns their records for `status.targets`.
-pub(super) async fn build_targets(ctx: &Context, gd: &GpuDriver, nodes: &[NodeFacts]) -> Vec<TargetStatus> {
+pub(super) async fn build_targets(
+    ctx: &Context,
+    gd: &GpuDriver,
+    nodes: &[NodeFacts],
+) -> Vec<TargetStatus> {
     if !decide::builds_enabled(&gd.spec) {
         return Vec::new();
     }
@@ -298,4 +301,3 @@ pub(super) async fn build_targets(ctx: &Context, gd: &GpuDriver, nodes: &[NodeFa
     });
     out
 }
-

@@ -19,7 +19,6 @@ use crate::crd::GpuDriver;
 use crate::decide::{self, DrainStep, UpgradeState};
 use crate::keys;
 
-
 /// The pods on `node` that use an NVIDIA device plugin resource and have
 /// not ended.
 async fn gpu_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>, Error> {
@@ -338,4 +337,3 @@ async fn evict(ctx: &Context, node: &str, pods: &[Pod]) {
         }
     }
 }
-
