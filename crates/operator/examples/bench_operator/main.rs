@@ -325,7 +325,11 @@ fn seen(node: &Node, spec: &gpu_driver_operator::crd::GpuDriverSpec) -> Seen {
     Seen {
         busy: upgrade.is_some() || cordoned,
         unready: !ready,
-        done: state == Some("Installed") && new_key && upgrade.is_none() && !cordoned && ready,
+        done: decide::NodeState::of(&f) == Some(decide::NodeState::Installed)
+            && new_key
+            && upgrade.is_none()
+            && !cordoned
+            && ready,
         what: format!(
             "state={} upgrade={} upgradeCordoned={} newKey={new_key} cordoned={cordoned} \
              ready={ready}",

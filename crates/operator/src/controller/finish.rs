@@ -14,7 +14,7 @@ use serde_json::json;
 use super::patch::{failure_patch, ready_patch};
 use super::{Context, Error, facts, job_is_terminal};
 use crate::crd::GpuDriver;
-use crate::decide::{self, JobRole, UpgradeState};
+use crate::decide::{self, JobRole, NodeState, UpgradeState};
 use crate::job::{self, JobRequest};
 use crate::keys;
 use crate::outcome::{self, JobState, PodResult};
@@ -117,7 +117,7 @@ async fn handle_finished(
     if let Some(r) = result.as_ref().filter(|r| r.reason == Reason::NoGpu) {
         let patch = json!({"metadata": {
             "labels": {keys::READY_LABEL: null},
-            "annotations": {keys::GPU: "false", keys::STATE: "NoGpu", keys::JOB: name}}});
+            "annotations": {keys::GPU: "false", keys::STATE: NodeState::NoGpu.as_str(), keys::JOB: name}}});
         ctx.patch_node(&node_name, &patch).await?;
         ctx.memo().handled.insert(name.clone(), Instant::now());
         if role == JobRole::Install {
@@ -175,7 +175,7 @@ async fn handle_finished(
     if upgrading && role == JobRole::Install {
         // The roll stops at this node; it stays cordoned and is retried
         // with the usual backoff.
-        patch["metadata"]["annotations"][keys::UPGRADE] = json!("Failed");
+        patch["metadata"]["annotations"][keys::UPGRADE] = json!(UpgradeState::Failed.as_str());
     }
     ctx.patch_node(&node_name, &patch).await?;
     if upgrading && role == JobRole::Install {

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::facts;
 use crate::crd::GpuDriver;
-use crate::decide::{self, Marks, NodeFacts};
+use crate::decide::{self, Marks, NodeFacts, NodeState};
 use crate::keys;
 use crate::outcome::PodResult;
 use gpu_driver_contract::text::truncate;
@@ -36,7 +36,7 @@ pub fn ready_patch(
     let mut patch = json!({
         "metadata": {
             "annotations": {
-                keys::STATE: "Installed",
+                keys::STATE: NodeState::Installed.as_str(),
                 keys::KEY: key,
                 keys::DRIVER_VERSION: driver,
                 keys::FLAVOR: flavor,
@@ -129,7 +129,7 @@ pub fn failure_patch(
         "metadata": {
             "labels": { keys::READY_LABEL: null },
             "annotations": {
-                keys::STATE: "Failed",
+                keys::STATE: NodeState::Failed.as_str(),
                 keys::FAILURE_KEY: key,
                 keys::FAILURES: failures.to_string(),
                 keys::FAILED_AT: now.to_string(),

@@ -16,7 +16,9 @@ use super::targets::ensure_target;
 use super::upgrade::upgrade;
 use super::{Context, Error, driver_for, facts};
 use crate::crd::GpuDriver;
-use crate::decide::{self, Gate, JobRole, NodeFacts, Plan, Target, TargetPhase, UpgradeState};
+use crate::decide::{
+    self, Gate, JobRole, NodeFacts, NodeState, Plan, Target, TargetPhase, UpgradeState,
+};
 use crate::job::JobRequest;
 use crate::keys;
 use gpu_driver_contract::text::truncate;
@@ -52,8 +54,7 @@ pub(super) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
             Ok(Action::await_change())
         }
         Plan::NoBuilderImage => {
-            let first =
-                f.annotations.get(keys::STATE).map(String::as_str) != Some("NoBuilderImage");
+            let first = NodeState::of(&f) != Some(NodeState::NoBuilderImage);
             if first {
                 let msg = format!(
                     "no builder image in GpuDriver {} matches OS {:?}, kernel {}",
@@ -64,7 +65,7 @@ pub(super) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
                 ctx.event(&node, EventType::Warning, "NoBuilderImage", msg)
                     .await;
             }
-            unready(&ctx, &gd, &node, first.then_some("NoBuilderImage")).await?;
+            unready(&ctx, &gd, &node, first.then_some(NodeState::NoBuilderImage)).await?;
             Ok(Action::await_change())
         }
         Plan::Backoff { seconds } => {
@@ -95,7 +96,7 @@ pub(super) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
             }
             let upgrading = decide::needs_upgrade(&f, &key);
             if !upgrading || UpgradeState::of(&f) != UpgradeState::Idle {
-                unready(&ctx, &gd, &node, Some("Pending")).await?;
+                unready(&ctx, &gd, &node, Some(NodeState::Pending)).await?;
             }
             // A running driver of an older policy: cordon and drain first,
             // a few nodes at a time.
@@ -172,8 +173,8 @@ async fn refuse(
     if ctx.memo().gated.get(&name).map(String::as_str) == Some(key) {
         return Ok(());
     }
-    let current = node.annotations().get(keys::STATE).map(String::as_str);
-    if current != Some("BuildFailed") {
+    let current = node.annotations().get(keys::STATE);
+    if current.and_then(|s| NodeState::parse(s)) != Some(NodeState::BuildFailed) {
         ctx.event(
             node,
             EventType::Warning,
@@ -182,7 +183,7 @@ async fn refuse(
         )
         .await;
         let patch = json!({"metadata": {"annotations": {
-            keys::STATE: "BuildFailed",
+            keys::STATE: NodeState::BuildFailed.as_str(),
             keys::FAILURE_REASON: reason,
             keys::FAILURE_MESSAGE: truncate(&gpu_driver_contract::redact::text(message), 1024),
         }}});
@@ -206,14 +207,14 @@ async fn unready(
     ctx: &Context,
     gd: &GpuDriver,
     node: &Node,
-    state: Option<&str>,
+    state: Option<NodeState>,
 ) -> Result<(), Error> {
     let f = facts(node);
     let key = decide::desired_key(&gd.spec, &f);
     let marks = decide::marks(&gd.spec, &f, false);
     let marks_due = !marks.is_empty() && ctx.memo().unreadied.get(&f.name) != Some(&key);
-    let current = f.annotations.get(keys::STATE).map(String::as_str);
-    let state_alone = state.filter(|s| *s != "Pending" && current != Some(*s));
+    let current = NodeState::of(&f);
+    let state_alone = state.filter(|s| *s != NodeState::Pending && current != Some(*s));
     if !marks_due && state_alone.is_none() {
         return Ok(());
     }
@@ -222,7 +223,7 @@ async fn unready(
         add_marks(gd, node, marks, &mut patch);
     }
     if let Some(s) = state {
-        patch["metadata"]["annotations"] = json!({ keys::STATE: s });
+        patch["metadata"]["annotations"] = json!({ keys::STATE: s.as_str() });
     }
     ctx.patch_node(&f.name, &patch).await?;
     if marks_due {

@@ -11,7 +11,7 @@ use kube::runtime::events::EventType;
 
 use super::finish::create_job;
 use super::{Context, Error};
-use crate::crd::{GpuDriver, TargetStatus};
+use crate::crd::{BuildPhase, GpuDriver, TargetStatus};
 use crate::decide::{self, JobRole, NodeFacts, Target, TargetPhase};
 use crate::job::{self, JobRequest};
 use crate::outcome::{self, JobState, PodResult};
@@ -40,7 +40,7 @@ impl Context {
                 os_image: t.os_image.clone(),
                 kernel_release: t.kernel.clone(),
                 arch: t.arch.clone(),
-                phase: "Pending".into(),
+                phase: BuildPhase::Pending,
                 ..Default::default()
             })
     }
@@ -80,8 +80,8 @@ pub(super) async fn ensure_target(
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
     let (result, failure) = match outcome::job_state(&job, &pod_refs, now.as_second()) {
         JobState::Running => {
-            if rec.phase != "Building" {
-                rec.phase = "Building".into();
+            if rec.phase != BuildPhase::Building {
+                rec.phase = BuildPhase::Building;
                 rec.job = Some(name);
                 ctx.save_target(gd, rec);
             }
@@ -100,12 +100,12 @@ pub(super) async fn ensure_target(
 /// A target that needs no look at Jobs: cached, or failed and still
 /// backing off.
 fn settled(gd: &GpuDriver, rec: &TargetStatus, now_unix: i64) -> Option<TargetPhase> {
-    if rec.phase == "Cached" {
+    if rec.phase == BuildPhase::Cached {
         return rec.artifact_sha256.as_ref().map(|sha| TargetPhase::Cached {
             sha256: sha.clone(),
         });
     }
-    if rec.phase != "Failed" {
+    if rec.phase != BuildPhase::Failed {
         return None;
     }
     let wait = decide::backoff_seconds(
@@ -141,7 +141,7 @@ async fn start_build(
                 "no builder image matches OS {:?}, kernel {}",
                 target.os_image, target.kernel
             );
-            rec.phase = "Failed".into();
+            rec.phase = BuildPhase::Failed;
             rec.reason = Some("NoBuilderImage".into());
             rec.message = Some(message.clone());
             rec.failed_at = Some(Timestamp::now().to_string());
@@ -164,7 +164,7 @@ async fn start_build(
             target.arch
         );
     }
-    rec.phase = "Building".into();
+    rec.phase = BuildPhase::Building;
     rec.job = Some(name.to_string());
     ctx.save_target(gd, rec);
     Ok(TargetPhase::Building)
@@ -193,7 +193,7 @@ async fn build_finished(
         && let Some(b) = &r.built
     {
         let sha = b.artifact_sha256.clone();
-        rec.phase = "Cached".into();
+        rec.phase = BuildPhase::Cached;
         rec.artifact_sha256 = Some(sha.clone());
         rec.driver_version = b.driver_version.clone();
         rec.reason = None;
@@ -220,7 +220,7 @@ async fn build_finished(
         ),
     };
     let message = gpu_driver_contract::redact::text(&message).into_owned();
-    rec.phase = "Failed".into();
+    rec.phase = BuildPhase::Failed;
     rec.failures += 1;
     rec.failed_at = Some(Timestamp::now().to_string());
     rec.reason = Some(reason.clone());

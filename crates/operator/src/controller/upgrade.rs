@@ -163,7 +163,7 @@ pub(super) async fn upgrade(
     };
     match decide::drain_step(policy, pods.len(), started, now.as_second()) {
         DrainStep::Install => {
-            let patch = json!({"metadata": {"annotations": {keys::UPGRADE: "Installing"}}});
+            let patch = json!({"metadata": {"annotations": {keys::UPGRADE: UpgradeState::Installing.as_str()}}});
             ctx.patch_node(&name, &patch).await?;
             ctx.event(
                 node,
@@ -178,7 +178,7 @@ pub(super) async fn upgrade(
             if state == UpgradeState::Failed {
                 // A retry after the backoff: the drain's clock starts anew.
                 let patch = json!({"metadata": {"annotations": {
-                    keys::UPGRADE: "Draining", keys::UPGRADE_STARTED: now.to_string()}}});
+                    keys::UPGRADE: UpgradeState::Draining.as_str(), keys::UPGRADE_STARTED: now.to_string()}}});
                 ctx.patch_node(&name, &patch).await?;
                 ctx.event(
                     node,
@@ -210,7 +210,7 @@ pub(super) async fn upgrade(
             );
             let attempts = decide::failures(&f, key) + 1;
             let mut patch = failure_patch(key, attempts, "DrainTimeout", &message, now);
-            patch["metadata"]["annotations"][keys::UPGRADE] = json!("Failed");
+            patch["metadata"]["annotations"][keys::UPGRADE] = json!(UpgradeState::Failed.as_str());
             ctx.patch_node(&name, &patch).await?;
             ctx.event(
                 node,

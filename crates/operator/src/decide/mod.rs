@@ -225,9 +225,34 @@ pub fn desired_key(spec: &GpuDriverSpec, node: &NodeFacts) -> String {
     ])
 }
 
+str_enum! {
+    /// The node's `state` annotation.
+    pub enum NodeState {
+        /// A verified install for the node's `key`.
+        Installed = "Installed",
+        /// The last Job failed; retried with backoff.
+        Failed = "Failed",
+        /// No builder image matches the node's OS and kernel.
+        NoBuilderImage = "NoBuilderImage",
+        /// A Job is due or running.
+        Pending = "Pending",
+        /// No build can serve the node and it may not compile for itself.
+        BuildFailed = "BuildFailed",
+        /// A detect Job found no NVIDIA GPU.
+        NoGpu = "NoGpu",
+    }
+}
+
+impl NodeState {
+    /// The node's state annotation, if it holds one of ours.
+    pub fn of(node: &NodeFacts) -> Option<NodeState> {
+        node.annotation(keys::STATE).and_then(NodeState::parse)
+    }
+}
+
 /// Installed for exactly the current kernel, boot and policy?
 pub fn is_installed(node: &NodeFacts, key: &str) -> bool {
-    node.annotation(keys::KEY) == Some(key) && node.annotation(keys::STATE) == Some("Installed")
+    node.annotation(keys::KEY) == Some(key) && NodeState::of(node) == Some(NodeState::Installed)
 }
 
 /// Failed Jobs for the current key (earlier keys' failures do not count).

@@ -112,17 +112,6 @@ pub enum TargetPhase {
     },
 }
 
-impl TargetPhase {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            TargetPhase::Pending => "Pending",
-            TargetPhase::Building => "Building",
-            TargetPhase::Cached { .. } => "Cached",
-            TargetPhase::Failed { .. } => "Failed",
-        }
-    }
-}
-
 /// May the node's install Job start, and how?
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gate {

@@ -12,33 +12,24 @@ pub fn needs_upgrade(node: &NodeFacts, key: &str) -> bool {
     node.annotation(keys::KEY).is_some_and(|k| k != key) && verified_driver_loaded(node)
 }
 
-/// The node's upgrade state (its annotation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpgradeState {
-    /// Not started (waiting for a slot, or no upgrade).
-    Idle,
-    Draining,
-    Installing,
-    Failed,
+str_enum! {
+    /// The node's upgrade state: its annotation's value, and
+    /// `status.nodes[].upgrade` (where Idle reads Waiting; the annotation
+    /// is never written so).
+    pub enum UpgradeState {
+        /// Not started (waiting for a slot, or no upgrade).
+        Idle = "Waiting",
+        Draining = "Draining",
+        Installing = "Installing",
+        Failed = "Failed",
+    }
 }
 
 impl UpgradeState {
     pub fn of(node: &NodeFacts) -> UpgradeState {
-        match node.annotation(keys::UPGRADE) {
-            Some("Draining") => UpgradeState::Draining,
-            Some("Installing") => UpgradeState::Installing,
-            Some("Failed") => UpgradeState::Failed,
-            _ => UpgradeState::Idle,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UpgradeState::Idle => "Waiting",
-            UpgradeState::Draining => "Draining",
-            UpgradeState::Installing => "Installing",
-            UpgradeState::Failed => "Failed",
-        }
+        node.annotation(keys::UPGRADE)
+            .and_then(UpgradeState::parse)
+            .unwrap_or(UpgradeState::Idle)
     }
 
     /// Cordoned and counted against maxUnavailable.
