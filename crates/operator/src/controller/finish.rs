@@ -1,6 +1,6 @@
 //! A node's Job: created, or its result carried onto the node.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -11,6 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use super::expect::Kind;
 use super::patch::{failure_patch, ready_patch};
 use super::{Context, Error, facts, job_is_terminal};
 use crate::crd::GpuDriver;
@@ -38,7 +39,7 @@ pub(super) async fn create_job(
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(Error::Kube(format!("creating Job {name}"), e)),
     }
-    ctx.memo().created.insert(name.to_string(), Instant::now());
+    ctx.expect().expect(Kind::JobCreated, name, "");
     Ok(())
 }
 
@@ -49,18 +50,18 @@ pub(super) async fn drive_job(
     req: &JobRequest<'_>,
 ) -> Result<Action, Error> {
     let (role, name, key) = (req.role, req.name, req.key);
-    if ctx.memo().handled.contains_key(name) {
+    if ctx.expect().holds(Kind::JobHandled, name) {
         // Our node patch for this Job is on its way through the watch.
         return Ok(Action::await_change());
     }
     let node_name = node.name_any();
     let Some(job) = ctx.jobs.get(&ctx.job_ref(name)) else {
-        if ctx.memo().created.contains_key(name) {
+        if ctx.expect().holds(Kind::JobCreated, name) {
             return Ok(Action::await_change());
         }
         let max = gd.spec.max_parallel as usize;
         if role == JobRole::Install && max > 0 && ctx.active_installs(gd) >= max {
-            ctx.memo().waiting.insert(node_name);
+            ctx.expect().queue_install(&node_name);
             // Woken when a slot frees up; the requeue is a safety net.
             return Ok(Action::requeue(Duration::from_secs(30)));
         }
@@ -119,7 +120,7 @@ async fn handle_finished(
             "labels": {keys::READY_LABEL: null},
             "annotations": {keys::GPU: "false", keys::STATE: NodeState::NoGpu.as_str(), keys::JOB: name}}});
         ctx.patch_node(&node_name, &patch).await?;
-        ctx.memo().handled.insert(name.clone(), Instant::now());
+        ctx.expect().expect(Kind::JobHandled, &name, "");
         if role == JobRole::Install {
             m.inc("gpu_driver_installs_total", &[("result", "skipped")]);
         }
@@ -132,7 +133,7 @@ async fn handle_finished(
     if role == JobRole::Detect && succeeded {
         let patch = json!({"metadata": {"annotations": {keys::GPU: "true", keys::JOB: name}}});
         ctx.patch_node(&node_name, &patch).await?;
-        ctx.memo().handled.insert(name, Instant::now());
+        ctx.expect().expect(Kind::JobHandled, &name, "");
         return Ok(Action::await_change());
     }
     if succeeded && let Some(r) = &result {
@@ -188,7 +189,7 @@ async fn handle_finished(
         .await;
         m.inc("gpu_driver_upgrades_total", &[("step", "failed")]);
     }
-    ctx.memo().handled.insert(name, Instant::now());
+    ctx.expect().expect(Kind::JobHandled, &name, "");
     m.inc("gpu_driver_installs_total", &[("result", "failed")]);
     m.inc("gpu_driver_install_failures_total", &[("reason", &reason)]);
     tracing::warn!("node {node_name}: {reason}: {message}; retry in {wait}s");
@@ -209,19 +210,18 @@ async fn mark_installed(
     let name = job.name_any();
     let node_name = node.name_any();
     let m = &ctx.metrics;
-    let ours = ctx.memo().cordoned.contains_key(&node_name);
+    let ours = ctx.expect().holds(Kind::Cordoned, &node_name);
     let upgraded = ours
         || facts(node).annotations.contains_key(keys::UPGRADE)
-        || ctx.memo().upgrading.contains_key(&node_name);
+        || ctx.expect().holds(Kind::UpgradeStarted, &node_name);
     let patch = ready_patch(gd, node, key, &name, r, now, ours);
     ctx.patch_node(&node_name, &patch).await?;
     {
-        let mut memo = ctx.memo();
-        memo.handled.insert(name.clone(), Instant::now());
-        memo.gated.remove(&node_name);
-        memo.cordoned.remove(&node_name);
-        memo.installed
-            .insert(node_name.clone(), (key.to_string(), Instant::now()));
+        let mut expect = ctx.expect();
+        expect.expect(Kind::JobHandled, &name, "");
+        expect.forget(Kind::Gated, &node_name);
+        expect.forget(Kind::Cordoned, &node_name);
+        expect.expect(Kind::Installed, &node_name, key);
     }
     if upgraded {
         m.inc("gpu_driver_upgrades_total", &[("step", "done")]);

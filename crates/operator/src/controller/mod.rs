@@ -4,6 +4,7 @@
 //! are writes, and per node from nothing to ready they are three: create the
 //! Job, one node patch (annotations, label and taint together), one Event.
 
+mod expect;
 mod finish;
 mod patch;
 mod reconcile;
@@ -13,7 +14,7 @@ mod upgrade;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -30,6 +31,7 @@ use super::crd::{GpuDriver, TargetStatus};
 use super::decide::{self, NodeFacts};
 use super::keys;
 use super::metrics::Metrics;
+use expect::{Expectations, Kind};
 use gpu_driver_contract::text::truncate;
 
 pub use patch::{failure_patch, ready_patch};
@@ -52,38 +54,6 @@ pub struct Options {
     pub status_interval: Duration,
 }
 
-/// What this process has written and the caches may not show yet: a
-/// reconcile triggered before the watch delivers our own write must not
-/// write again.
-#[derive(Default)]
-struct Memo {
-    /// Jobs created (name → when).
-    created: HashMap<String, Instant>,
-    /// Jobs whose result is already on the node.
-    handled: HashMap<String, Instant>,
-    /// Nodes whose stale ready label was already taken off, by key.
-    unreadied: HashMap<String, String>,
-    /// Ready-label/taint fixes sent, by node and key.
-    fixed: HashMap<String, String>,
-    /// Nodes waiting for a free parallel slot.
-    waiting: HashSet<String>,
-    /// Nodes whose upgrade this process started (cordon patch sent), until
-    /// it finished: the caches may not show the patch yet.
-    upgrading: HashMap<String, Instant>,
-    /// Nodes waiting for an upgrade slot.
-    upgrade_waiting: HashSet<String>,
-    /// Nodes told that their install waits for a build or was refused, by
-    /// node and target key (one Event each).
-    gated: HashMap<String, String>,
-    /// Nodes this process cordoned for an upgrade: the ready patch
-    /// uncordons them even when the cached node does not show the
-    /// `upgrade-cordoned` annotation yet.
-    cordoned: HashMap<String, Instant>,
-    /// Verified installs by node → key: a reconcile on a cached node older
-    /// than that patch must not start anything for the key again.
-    installed: HashMap<String, (String, Instant)>,
-}
-
 /// Nodes waiting for a target's build Job, by target key: a build Job's
 /// change wakes them (it serves no node of its own).
 type Waiters = Arc<Mutex<HashMap<String, HashSet<String>>>>;
@@ -97,7 +67,7 @@ pub struct Context {
     drivers: Store<GpuDriver>,
     recorder: Recorder,
     pub metrics: Arc<Metrics>,
-    memo: Mutex<Memo>,
+    expect: Mutex<Expectations>,
     wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<Node>>,
     /// Build targets by GpuDriver and target key; what `status.targets`
     /// shows and where it is seeded from after a restart.
@@ -163,15 +133,15 @@ impl Context {
         })
     }
 
-    fn memo(&self) -> std::sync::MutexGuard<'_, Memo> {
-        self.memo.lock().unwrap_or_else(|e| e.into_inner())
+    fn expect(&self) -> std::sync::MutexGuard<'_, Expectations> {
+        self.expect.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Install Jobs of this GpuDriver still running (from the cache, plus
     /// those just created).
     fn active_installs(&self, gd: &GpuDriver) -> usize {
         let owner = gd.name_any();
-        let memo = self.memo();
+        let expect = self.expect();
         let mut names: HashSet<String> = self
             .jobs
             .state()
@@ -180,15 +150,11 @@ impl Context {
                 j.labels().get(keys::OWNER_LABEL) == Some(&owner)
                     && j.labels().get(keys::ROLE_LABEL).map(String::as_str) == Some("install")
                     && !job_is_terminal(j)
-                    && !memo.handled.contains_key(&j.name_any())
+                    && !expect.holds(Kind::JobHandled, &j.name_any())
             })
             .map(|j| j.name_any())
             .collect();
-        for (name, at) in &memo.created {
-            if at.elapsed() < Duration::from_secs(60) && !memo.handled.contains_key(name) {
-                names.insert(name.clone());
-            }
-        }
+        names.extend(expect.recently_created().map(String::from));
         names.len()
     }
 
@@ -231,22 +197,15 @@ impl Context {
     }
 
     fn wake_waiting(&self, n: usize) {
-        let mut memo = self.memo();
-        let picked: Vec<String> = memo.waiting.iter().take(n).cloned().collect();
+        let picked = self.expect().dequeue_installs(n);
         for name in picked {
-            memo.waiting.remove(&name);
             let _ = self.wake.send(ObjectRef::new(&name));
         }
     }
 
-    /// Forget old memo entries; the caches have long caught up with them.
+    /// Forget old expectations; the caches have long caught up with them.
     fn prune(&self) {
-        let mut memo = self.memo();
-        let old = Duration::from_secs(600);
-        memo.created.retain(|_, t| t.elapsed() < old);
-        memo.handled.retain(|_, t| t.elapsed() < old);
-        memo.cordoned.retain(|_, t| t.elapsed() < old);
-        memo.installed.retain(|_, (_, t)| t.elapsed() < old);
+        self.expect().prune();
     }
 }
 
@@ -359,7 +318,7 @@ pub async fn run(
         drivers: drivers.clone(),
         recorder,
         metrics,
-        memo: Mutex::new(Memo::default()),
+        expect: Mutex::new(Expectations::default()),
         wake,
         targets: Mutex::new(HashMap::new()),
         waiters: Waiters::default(),

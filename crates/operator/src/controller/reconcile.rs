@@ -10,6 +10,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use super::expect::Kind;
 use super::finish::drive_job;
 use super::patch::{add_marks, end_upgrade};
 use super::targets::ensure_target;
@@ -37,17 +38,19 @@ pub(super) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
             // the node runs: nothing to install, so end it (uncordon if
             // ours) in the same patch.
             let stale_upgrade = f.annotations.contains_key(keys::UPGRADE);
-            if (stale_upgrade || !marks.is_empty()) && ctx.memo().fixed.get(&f.name) != Some(&key) {
+            if (stale_upgrade || !marks.is_empty())
+                && !ctx.expect().holds_for(Kind::MarksFixed, &f.name, &key)
+            {
                 let mut patch = json!({"metadata": {}});
                 add_marks(&gd, &node, marks, &mut patch);
                 if stale_upgrade {
-                    let ours = ctx.memo().cordoned.contains_key(&f.name);
+                    let ours = ctx.expect().holds(Kind::Cordoned, &f.name);
                     end_upgrade(&f, ours, &mut patch);
                 }
                 ctx.patch_node(&f.name, &patch).await?;
-                ctx.memo().fixed.insert(f.name.clone(), key);
+                ctx.expect().expect(Kind::MarksFixed, &f.name, &key);
                 if stale_upgrade {
-                    ctx.memo().cordoned.remove(&f.name);
+                    ctx.expect().forget(Kind::Cordoned, &f.name);
                     ctx.upgrade_done(&f.name);
                 }
             }
@@ -91,7 +94,7 @@ pub(super) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
             // at once would take the device plugin off the whole pool.
             // Installed for this key already by a patch the cache does not
             // show yet: its watch event brings the node back.
-            if ctx.memo().installed.get(&f.name).map(|(k, _)| k) == Some(&key) {
+            if ctx.expect().holds_for(Kind::Installed, &f.name, &key) {
                 return Ok(Action::await_change());
             }
             let upgrading = decide::needs_upgrade(&f, &key);
@@ -170,7 +173,7 @@ async fn refuse(
     message: &str,
 ) -> Result<(), Error> {
     let name = node.name_any();
-    if ctx.memo().gated.get(&name).map(String::as_str) == Some(key) {
+    if ctx.expect().holds_for(Kind::Gated, &name, key) {
         return Ok(());
     }
     let current = node.annotations().get(keys::STATE);
@@ -189,7 +192,7 @@ async fn refuse(
         }}});
         ctx.patch_node(&name, &patch).await?;
     }
-    ctx.memo().gated.insert(name, key.to_string());
+    ctx.expect().expect(Kind::Gated, &name, key);
     Ok(())
 }
 
@@ -212,7 +215,7 @@ async fn unready(
     let f = facts(node);
     let key = decide::desired_key(&gd.spec, &f);
     let marks = decide::marks(&gd.spec, &f, false);
-    let marks_due = !marks.is_empty() && ctx.memo().unreadied.get(&f.name) != Some(&key);
+    let marks_due = !marks.is_empty() && !ctx.expect().holds_for(Kind::Unreadied, &f.name, &key);
     let current = NodeState::of(&f);
     let state_alone = state.filter(|s| *s != NodeState::Pending && current != Some(*s));
     if !marks_due && state_alone.is_none() {
@@ -227,7 +230,7 @@ async fn unready(
     }
     ctx.patch_node(&f.name, &patch).await?;
     if marks_due {
-        ctx.memo().unreadied.insert(f.name.clone(), key);
+        ctx.expect().expect(Kind::Unreadied, &f.name, &key);
     }
     Ok(())
 }

@@ -2,13 +2,13 @@
 //! cluster-wide, and the records `status.targets` shows.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
+use super::expect::Kind;
 use super::finish::create_job;
 use super::{Context, Error};
 use crate::crd::{BuildPhase, GpuDriver, TargetStatus};
@@ -135,7 +135,7 @@ async fn start_build(
     name: &str,
     mut rec: TargetStatus,
 ) -> Result<TargetPhase, Error> {
-    if !ctx.memo().created.contains_key(name) {
+    if !ctx.expect().holds(Kind::JobCreated, name) {
         let Some(image) = decide::builder_image(&gd.spec.builder_images, &target.facts()) else {
             let message = format!(
                 "no builder image matches OS {:?}, kernel {}",
@@ -182,12 +182,7 @@ async fn build_finished(
     failure: Option<String>,
 ) -> TargetPhase {
     rec.job = Some(name.to_string());
-    let first = |ctx: &Context| {
-        ctx.memo()
-            .handled
-            .insert(name.to_string(), Instant::now())
-            .is_none()
-    };
+    let first = |ctx: &Context| ctx.expect().expect(Kind::JobHandled, name, "");
     if failure.is_none()
         && let Some(r) = result.as_ref().filter(|r| r.phase == Phase::Succeeded)
         && let Some(b) = &r.built

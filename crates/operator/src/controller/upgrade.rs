@@ -2,7 +2,7 @@
 //! of GPU pods before their install Job.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -13,6 +13,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 
+use super::expect::{Kind, Slot};
 use super::patch::failure_patch;
 use super::{Context, Error, driver_for, facts};
 use crate::crd::GpuDriver;
@@ -89,49 +90,22 @@ impl Context {
     }
 
     /// Takes an upgrade slot for `node` if one is free and the roll is not
-    /// stopped; the count and the reservation are one step under the memo
-    /// lock, so that concurrent reconciles never overshoot.
+    /// stopped; the count and the reservation are one step under the
+    /// expectations' lock, so that concurrent reconciles never overshoot.
     fn reserve_upgrade(&self, gd: &GpuDriver, node: &str) -> Slot {
-        let (max, mut busy, stopped) = self.roll(gd);
-        let mut memo = self.memo();
-        // Started by us, not in the cache yet (or finished and forgotten).
-        memo.upgrading
-            .retain(|n, at| busy.contains(n) || at.elapsed() < Duration::from_secs(60));
-        if memo.upgrading.contains_key(node) || busy.contains(node) {
-            // Our start patch is on its way through the watch: sending it
-            // again would cost a write and an Event.
-            return Slot::Started;
-        }
-        busy.extend(memo.upgrading.keys().cloned());
-        if stopped.is_some() || busy.len() as u32 >= max {
-            memo.upgrade_waiting.insert(node.to_string());
-            return Slot::Full;
-        }
-        memo.upgrade_waiting.remove(node);
-        memo.upgrading.insert(node.to_string(), Instant::now());
-        Slot::Reserved
+        let (max, busy, stopped) = self.roll(gd);
+        self.expect()
+            .reserve_upgrade(node, busy, max, stopped.is_some())
     }
 
     /// An upgrade ended (installed, or the node left): wake nodes waiting
     /// for a slot.
     pub(super) fn upgrade_done(&self, node: &str) {
-        let mut memo = self.memo();
-        memo.upgrading.remove(node);
-        let picked: Vec<String> = memo.upgrade_waiting.iter().cloned().collect();
+        let picked = self.expect().upgrade_done(node);
         for name in picked {
-            memo.upgrade_waiting.remove(&name);
             let _ = self.wake.send(ObjectRef::new(&name));
         }
     }
-}
-
-/// What [`Context::reserve_upgrade`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
-    Reserved,
-    /// This process started the node's upgrade; the cache lags.
-    Started,
-    Full,
 }
 
 /// One step of a node's driver upgrade. `None`: drained, go install;
@@ -272,11 +246,11 @@ async fn start_upgrade(
     }
     if let Err(e) = ctx.patch_node(&name, &patch).await {
         // Not started after all: the next reconcile may try again.
-        ctx.memo().upgrading.remove(&name);
+        ctx.expect().forget(Kind::UpgradeStarted, &name);
         return Err(e);
     }
     if cordon {
-        ctx.memo().cordoned.insert(name.clone(), Instant::now());
+        ctx.expect().expect(Kind::Cordoned, &name, "");
     }
     let from = f
         .annotations
