@@ -137,6 +137,18 @@ impl Context {
         self.expect.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The nodes whose GpuDriver is `gd`.
+    fn selected_nodes(&self, gd: &GpuDriver) -> Vec<NodeFacts> {
+        let drivers = self.drivers.state();
+        let owner = gd.name_any();
+        self.nodes
+            .state()
+            .iter()
+            .map(|n| facts(n))
+            .filter(|n| driver_for(&drivers, n).is_some_and(|d| d.name_any() == owner))
+            .collect()
+    }
+
     /// Install Jobs of this GpuDriver still running (from the cache, plus
     /// those just created).
     fn active_installs(&self, gd: &GpuDriver) -> usize {
@@ -212,6 +224,12 @@ impl Context {
 fn error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.inc("gpu_driver_reconcile_errors_total", &[]);
     tracing::warn!("node {}: {err}", node.name_any());
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn targets_error_policy(gd: Arc<GpuDriver>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.inc("gpu_driver_reconcile_errors_total", &[]);
+    tracing::warn!("GpuDriver {}: {err}", gd.name_any());
     Action::requeue(Duration::from_secs(5))
 }
 
@@ -344,11 +362,21 @@ pub async fn run(
         .graceful_shutdown_on(shutdown);
 
     let status_task = tokio::spawn(status_loop::status_loop(ctx.clone()));
+    // Build targets are a GpuDriver's, not a node's: their own reconcile.
+    let targets = Controller::new(Api::<GpuDriver>::all(client), watcher::Config::default())
+        .run(
+            targets::reconcile_targets,
+            targets_error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
+    let targets_task = tokio::spawn(targets);
     controller
         .run(reconcile::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()))
         .await;
     status_task.abort();
+    targets_task.abort();
 }
 
 fn tokio_stream_from<T: Send + 'static>(

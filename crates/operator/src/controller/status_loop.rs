@@ -1,5 +1,6 @@
 //! The GpuDriver status: recomputed from the caches on a timer, written
-//! only when it changed.
+//! only when it changed. It reads what the reconciles did (build targets
+//! included) and creates nothing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -9,10 +10,9 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
 use super::patch::status_patch;
-use super::targets::build_targets;
-use super::{Context, driver_for, facts, job_is_terminal};
+use super::targets::target_records;
+use super::{Context, job_is_terminal};
 use crate::crd::GpuDriver;
-use crate::decide::NodeFacts;
 use crate::status;
 
 /// Recomputes every GpuDriver's status from the caches and writes the
@@ -23,7 +23,6 @@ pub(super) async fn status_loop(ctx: Arc<Context>) {
         tokio::time::sleep(ctx.opts.status_interval).await;
         ctx.prune();
         let drivers = ctx.drivers.state();
-        let nodes: Vec<NodeFacts> = ctx.nodes.state().iter().map(|n| facts(n)).collect();
         let running: HashSet<String> = ctx
             .jobs
             .state()
@@ -33,11 +32,7 @@ pub(super) async fn status_loop(ctx: Arc<Context>) {
             .collect();
         let mut phases: BTreeMap<String, u32> = BTreeMap::new();
         for gd in &drivers {
-            let mine: Vec<NodeFacts> = nodes
-                .iter()
-                .filter(|n| driver_for(&drivers, n).is_some_and(|d| d.name_any() == gd.name_any()))
-                .cloned()
-                .collect();
+            let mine = ctx.selected_nodes(gd);
             let previous = written.get(&gd.name_any()).or(gd.status.as_ref());
             let st = status::compute(
                 &gd.spec,
@@ -48,7 +43,7 @@ pub(super) async fn status_loop(ctx: Arc<Context>) {
                 Timestamp::now(),
             );
             let mut st = st;
-            st.targets = build_targets(&ctx, gd, &mine).await;
+            st.targets = target_records(&ctx, gd, &mine);
             st.upgrade = status::upgrade(&gd.spec, &mine);
             status::merge_phases(&mut phases, &st.phases);
             if gd.status.as_ref() == Some(&st) || written.get(&gd.name_any()) == Some(&st) {

@@ -2,10 +2,12 @@
 //! cluster-wide, and the records `status.targets` shows.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::expect::Kind;
@@ -262,9 +264,38 @@ fn wanted_targets(gd: &GpuDriver, nodes: &[NodeFacts]) -> BTreeMap<Target, u32> 
     out
 }
 
-/// The build side of a status tick: ensures every wanted target's build
-/// and returns their records for `status.targets`.
-pub(super) async fn build_targets(
+/// A GpuDriver's reconcile: ensures the build of every target it wants
+/// (its prebuild list and its GPU nodes' targets), creating build Jobs when
+/// due, and forgets the targets nobody wants any more (an old driver
+/// policy, a kernel no node runs). Looked at again every status interval,
+/// as a failed build's backoff runs out without any watch event.
+pub(super) async fn reconcile_targets(
+    gd: Arc<GpuDriver>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let again = Action::requeue(ctx.opts.status_interval);
+    if !decide::builds_enabled(&gd.spec) || gd.metadata.deletion_timestamp.is_some() {
+        return Ok(again);
+    }
+    let wanted = wanted_targets(&gd, &ctx.selected_nodes(&gd));
+    let mut keys = HashSet::new();
+    for t in wanted.keys() {
+        if let Err(e) = ensure_target(&ctx, &gd, t).await {
+            tracing::warn!("target {} {}: {e}", t.os_image, t.kernel);
+        }
+        keys.insert(decide::target_key(&gd.spec, t));
+    }
+    let owner = gd.name_any();
+    ctx.targets
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(g, k), _| g != &owner || keys.contains(k));
+    Ok(again)
+}
+
+/// `status.targets`: the record of every wanted target, as the reconciles
+/// left it, with how many selected nodes run it.
+pub(super) fn target_records(
     ctx: &Context,
     gd: &GpuDriver,
     nodes: &[NodeFacts],
@@ -272,25 +303,16 @@ pub(super) async fn build_targets(
     if !decide::builds_enabled(&gd.spec) {
         return Vec::new();
     }
-    let wanted = wanted_targets(gd, nodes);
-    let mut out = Vec::new();
-    for (t, count) in &wanted {
-        if let Err(e) = ensure_target(ctx, gd, t).await {
-            tracing::warn!("target {} {}: {e}", t.os_image, t.kernel);
-        }
-        let key = decide::target_key(&gd.spec, t);
-        let mut rec = ctx.target_record(gd, &key, t);
-        rec.nodes = *count;
-        out.push(rec);
-    }
-    // Targets nobody wants any more (an old driver policy, a kernel no node
-    // runs) are forgotten.
-    let keys: HashSet<String> = out.iter().map(|r| r.key.clone()).collect();
-    let owner = gd.name_any();
-    ctx.targets
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|(g, k), _| g != &owner || keys.contains(k));
+    let mut out: Vec<TargetStatus> = wanted_targets(gd, nodes)
+        .into_iter()
+        .map(|(t, count)| {
+            let key = decide::target_key(&gd.spec, &t);
+            TargetStatus {
+                nodes: count,
+                ..ctx.target_record(gd, &key, &t)
+            }
+        })
+        .collect();
     out.sort_by(|a, b| {
         (&a.os_image, &a.kernel_release, &a.arch).cmp(&(&b.os_image, &b.kernel_release, &b.arch))
     });
