@@ -9,10 +9,9 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use serde_json::json;
 
 use super::expect::Kind;
-use super::patch::{failure_patch, ready_patch};
+use super::patch::{Change, NodeAnnotations, NodePatch, failure_patch, ready_patch};
 use super::{Context, Error, facts, job_is_terminal};
 use crate::crd::GpuDriver;
 use crate::decide::{self, JobRole, NodeState, UpgradeState};
@@ -89,7 +88,14 @@ pub(super) async fn drive_job(
             job_message,
         } => (result, Some(format!("{job_reason}: {job_message}"))),
     };
-    let action = handle_finished(ctx, gd, node, role, &job, key, result, failure).await;
+    let done = Finished {
+        role,
+        job: &job,
+        key,
+        result,
+        failure,
+    };
+    let action = handle_finished(ctx, gd, node, done).await;
     if role == JobRole::Install && action.is_ok() {
         // A parallel slot is free.
         ctx.wake_waiting(1);
@@ -97,101 +103,131 @@ pub(super) async fn drive_job(
     action
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A finished Job of a node: what its pod reported, and why the Job
+/// failed if it did.
+struct Finished<'a> {
+    role: JobRole,
+    job: &'a Job,
+    key: &'a str,
+    result: Option<PodResult>,
+    failure: Option<String>,
+}
+
 async fn handle_finished(
     ctx: &Context,
     gd: &GpuDriver,
     node: &Node,
-    role: JobRole,
-    job: &Job,
-    key: &str,
-    result: Option<PodResult>,
-    job_failure: Option<String>,
+    done: Finished<'_>,
 ) -> Result<Action, Error> {
-    let name = job.name_any();
+    let name = done.job.name_any();
     let node_name = node.name_any();
-    let now = Timestamp::now();
-    let f = facts(node);
-    let m = &ctx.metrics;
-
     // No GPU after all (detect Job, or the install Job's own detect step).
-    if let Some(r) = result.as_ref().filter(|r| r.reason == Reason::NoGpu) {
-        let patch = json!({"metadata": {
-            "labels": {keys::READY_LABEL: null},
-            "annotations": {keys::GPU: "false", keys::STATE: NodeState::NoGpu.as_str(), keys::JOB: name}}});
+    if let Some(r) = done.result.as_ref().filter(|r| r.reason == Reason::NoGpu) {
+        let mut patch = NodePatch::annotations(NodeAnnotations {
+            gpu: Change::Set("false".into()),
+            state: Change::Set(NodeState::NoGpu),
+            job: Change::Set(name.clone()),
+            ..Default::default()
+        });
+        patch.metadata.labels.ready = Change::Remove;
         ctx.patch_node(&node_name, &patch).await?;
         ctx.expect().expect(Kind::JobHandled, &name, "");
-        if role == JobRole::Install {
-            m.inc("gpu_driver_installs_total", &[("result", "skipped")]);
+        if done.role == JobRole::Install {
+            ctx.metrics
+                .inc("gpu_driver_installs_total", &[("result", "skipped")]);
         }
         tracing::info!("node {node_name}: no NVIDIA GPU ({})", r.message);
         return Ok(Action::await_change());
     }
-
-    let succeeded =
-        job_failure.is_none() && result.as_ref().is_some_and(|r| r.phase == Phase::Succeeded);
-    if role == JobRole::Detect && succeeded {
-        let patch = json!({"metadata": {"annotations": {keys::GPU: "true", keys::JOB: name}}});
+    let succeeded = done.failure.is_none()
+        && done
+            .result
+            .as_ref()
+            .is_some_and(|r| r.phase == Phase::Succeeded);
+    if done.role == JobRole::Detect && succeeded {
+        let patch = NodePatch::annotations(NodeAnnotations {
+            gpu: Change::Set("true".into()),
+            job: Change::Set(name.clone()),
+            ..Default::default()
+        });
         ctx.patch_node(&node_name, &patch).await?;
         ctx.expect().expect(Kind::JobHandled, &name, "");
         return Ok(Action::await_change());
     }
-    if succeeded && let Some(r) = &result {
-        return mark_installed(ctx, gd, node, job, key, r, now).await;
+    if succeeded && let Some(r) = &done.result {
+        return mark_installed(ctx, gd, node, done.job, done.key, r, Timestamp::now()).await;
     }
-
     // Failed: the Job failed, or a pod "succeeded" without a result that
     // says so. Never marked installed.
-    let (reason, message) = match (&result, &job_failure) {
+    let (reason, message) = failure_of(
+        done.result.as_ref(),
+        done.failure.as_deref(),
+        "the Job's pod ended without an installer result in its termination message",
+    );
+    mark_failed(ctx, gd, node, &done, &reason, &message).await
+}
+
+/// Why a Job failed: its result's reason, else the Job's, else none at
+/// all (`no_result`). The message goes into an Event and an annotation
+/// or status: an installer of another version may not have masked its
+/// URLs.
+pub(super) fn failure_of(
+    result: Option<&PodResult>,
+    job_failure: Option<&str>,
+    no_result: &str,
+) -> (String, String) {
+    let (reason, message) = match (result, job_failure) {
         (Some(r), _) if r.phase == Phase::Failed => (r.reason.to_string(), r.message.clone()),
-        (_, Some(why)) => ("JobFailed".to_string(), why.clone()),
-        _ => (
-            "NoResult".to_string(),
-            "the Job's pod ended without an installer result in its termination message"
-                .to_string(),
-        ),
+        (_, Some(why)) => ("JobFailed".to_string(), why.to_string()),
+        _ => ("NoResult".to_string(), no_result.to_string()),
     };
-    // The message goes into an Event and a node annotation: an installer
-    // of another version may not have masked its URLs.
     let message = gpu_driver_contract::redact::text(&message).into_owned();
-    let attempts = decide::failures(&f, key) + 1;
+    (reason, message)
+}
+
+/// A failed install or detect Job: the failure on the node (counted for
+/// the backoff), a Warning Event, and for an upgrading node the roll's
+/// stop.
+async fn mark_failed(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    done: &Finished<'_>,
+    reason: &str,
+    message: &str,
+) -> Result<Action, Error> {
+    let (name, node_name, m) = (done.job.name_any(), node.name_any(), &ctx.metrics);
+    let f = facts(node);
+    let attempts = decide::failures(&f, done.key) + 1;
     let wait = decide::backoff_seconds(
         attempts,
         gd.spec.job.retry_base_seconds,
         gd.spec.job.retry_max_seconds,
     );
-    ctx.event(
-        node,
-        EventType::Warning,
-        if role == JobRole::Install {
-            "InstallFailed"
-        } else {
-            "DetectFailed"
-        },
-        format!("Job {name}: {reason}: {message} (attempt {attempts}, next in {wait}s)"),
-    )
-    .await;
-    let mut patch = failure_patch(key, attempts, &reason, &message, now);
-    let upgrading = UpgradeState::of(&f) == UpgradeState::Installing;
-    if upgrading && role == JobRole::Install {
+    let event = match done.role {
+        JobRole::Install => "InstallFailed",
+        _ => "DetectFailed",
+    };
+    let note = format!("Job {name}: {reason}: {message} (attempt {attempts}, next in {wait}s)");
+    ctx.event(node, EventType::Warning, event, note).await;
+    let mut patch = failure_patch(done.key, attempts, reason, message, Timestamp::now());
+    let upgrading =
+        UpgradeState::of(&f) == UpgradeState::Installing && done.role == JobRole::Install;
+    if upgrading {
         // The roll stops at this node; it stays cordoned and is retried
         // with the usual backoff.
-        patch["metadata"]["annotations"][keys::UPGRADE] = json!(UpgradeState::Failed.as_str());
+        patch.metadata.annotations.upgrade = Change::Set(UpgradeState::Failed);
     }
     ctx.patch_node(&node_name, &patch).await?;
-    if upgrading && role == JobRole::Install {
-        ctx.event(
-            node,
-            EventType::Warning,
-            "UpgradeFailed",
-            format!("{reason}: {message}; the roll stops here"),
-        )
-        .await;
+    if upgrading {
+        let note = format!("{reason}: {message}; the roll stops here");
+        ctx.event(node, EventType::Warning, "UpgradeFailed", note)
+            .await;
         m.inc("gpu_driver_upgrades_total", &[("step", "failed")]);
     }
     ctx.expect().expect(Kind::JobHandled, &name, "");
     m.inc("gpu_driver_installs_total", &[("result", "failed")]);
-    m.inc("gpu_driver_install_failures_total", &[("reason", &reason)]);
+    m.inc("gpu_driver_install_failures_total", &[("reason", reason)]);
     tracing::warn!("node {node_name}: {reason}: {message}; retry in {wait}s");
     Ok(Action::requeue(Duration::from_secs(wait.max(1))))
 }

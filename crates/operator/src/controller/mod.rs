@@ -25,7 +25,6 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::Value;
 
 use super::crd::{GpuDriver, TargetStatus};
 use super::decide::{self, NodeFacts};
@@ -34,7 +33,10 @@ use super::metrics::Metrics;
 use expect::{Expectations, Kind};
 use gpu_driver_contract::text::truncate;
 
-pub use patch::{failure_patch, ready_patch};
+pub use patch::{
+    Change, NodeAnnotations, NodeLabels, NodeMetaPatch, NodePatch, NodeSpecPatch, failure_patch,
+    ready_patch,
+};
 pub use upgrade::uses_gpu;
 
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +121,45 @@ fn job_is_terminal(job: &Job) -> bool {
         })
 }
 
+/// The reflector caches the reconciles read.
+struct Caches {
+    nodes: Store<Node>,
+    jobs: Store<Job>,
+    pods: Store<Pod>,
+    drivers: Store<GpuDriver>,
+}
+
 impl Context {
+    fn new(
+        client: Client,
+        opts: Options,
+        metrics: Arc<Metrics>,
+        caches: Caches,
+        wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<Node>>,
+    ) -> Context {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "gpu-driver-operator".into(),
+                instance: Some(opts.instance.clone()),
+            },
+        );
+        Context {
+            client,
+            opts,
+            nodes: caches.nodes,
+            jobs: caches.jobs,
+            pods: caches.pods,
+            drivers: caches.drivers,
+            recorder,
+            metrics,
+            expect: Mutex::new(Expectations::default()),
+            wake,
+            targets: Mutex::new(HashMap::new()),
+            waiters: Waiters::default(),
+        }
+    }
+
     fn job_ref(&self, name: &str) -> ObjectRef<Job> {
         ObjectRef::new(name).within(&self.opts.namespace)
     }
@@ -170,7 +210,7 @@ impl Context {
         names.len()
     }
 
-    async fn patch_node(&self, node: &str, patch: &Value) -> Result<(), Error> {
+    async fn patch_node(&self, node: &str, patch: &NodePatch) -> Result<(), Error> {
         let api: Api<Node> = Api::all(self.client.clone());
         self.metrics.write("patch", "nodes");
         api.patch(node, &PatchParams::default(), &Patch::Merge(patch))
@@ -320,27 +360,13 @@ pub async fn run(
         .predicate_filter(node_relevant, Default::default());
 
     let (wake, wake_rx) = tokio::sync::mpsc::unbounded_channel();
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "gpu-driver-operator".into(),
-            instance: Some(opts.instance.clone()),
-        },
-    );
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        opts: opts.clone(),
+    let caches = Caches {
         nodes: nodes_reader.clone(),
         jobs,
         pods,
-        drivers: drivers.clone(),
-        recorder,
-        metrics,
-        expect: Mutex::new(Expectations::default()),
-        wake,
-        targets: Mutex::new(HashMap::new()),
-        waiters: Waiters::default(),
-    });
+        drivers,
+    };
+    let ctx = Arc::new(Context::new(client.clone(), opts, metrics, caches, wake));
     let job_waiters = ctx.waiters.clone();
     let pod_waiters = ctx.waiters.clone();
 

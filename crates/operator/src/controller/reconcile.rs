@@ -8,54 +8,28 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use serde_json::json;
 
 use super::expect::Kind;
 use super::finish::drive_job;
-use super::patch::{add_marks, end_upgrade};
+use super::patch::{Change, NodeAnnotations, NodePatch, add_marks, end_upgrade, redacted};
 use super::targets::ensure_target;
 use super::upgrade::upgrade;
 use super::{Context, Error, driver_for, facts};
 use crate::crd::GpuDriver;
 use crate::decide::{
-    self, Gate, JobRole, NodeFacts, NodeState, Plan, Target, TargetPhase, UpgradeState,
+    self, Gate, JobRole, Marks, NodeFacts, NodeState, Plan, Target, TargetPhase, UpgradeState,
 };
 use crate::job::JobRequest;
 use crate::keys;
-use gpu_driver_contract::text::truncate;
 
 pub(super) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
     let f = facts(&node);
     let Some(gd) = driver_for(&ctx.drivers.state(), &f) else {
         return Ok(Action::await_change());
     };
-    let now = Timestamp::now();
-    match decide::plan(&gd.spec, &f, now.as_second()) {
+    match decide::plan(&gd.spec, &f, Timestamp::now().as_second()) {
         Plan::NoGpu => Ok(Action::await_change()),
-        Plan::Ready { marks } => {
-            let key = decide::desired_key(&gd.spec, &f);
-            // An upgrade left half-way because the policy went back to what
-            // the node runs: nothing to install, so end it (uncordon if
-            // ours) in the same patch.
-            let stale_upgrade = f.annotations.contains_key(keys::UPGRADE);
-            if (stale_upgrade || !marks.is_empty())
-                && !ctx.expect().holds_for(Kind::MarksFixed, &f.name, &key)
-            {
-                let mut patch = json!({"metadata": {}});
-                add_marks(&gd, &node, marks, &mut patch);
-                if stale_upgrade {
-                    let ours = ctx.expect().holds(Kind::Cordoned, &f.name);
-                    end_upgrade(&f, ours, &mut patch);
-                }
-                ctx.patch_node(&f.name, &patch).await?;
-                ctx.expect().expect(Kind::MarksFixed, &f.name, &key);
-                if stale_upgrade {
-                    ctx.expect().forget(Kind::Cordoned, &f.name);
-                    ctx.upgrade_done(&f.name);
-                }
-            }
-            Ok(Action::await_change())
-        }
+        Plan::Ready { marks } => fix_ready(&ctx, &gd, &node, marks).await,
         Plan::NoBuilderImage => {
             let first = NodeState::of(&f) != Some(NodeState::NoBuilderImage);
             if first {
@@ -85,51 +59,94 @@ pub(super) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
         }
         Plan::Install {
             job, image, key, ..
-        } => {
-            // A node without a verified driver for this boot (new, rebooted,
-            // upgraded) gets label off and startup taint on before the Job,
-            // so nothing new lands there until the install is verified. A
-            // node waiting for its turn in a driver upgrade keeps serving
-            // with its old driver, label and all: taking every node's label
-            // at once would take the device plugin off the whole pool.
-            // Installed for this key already by a patch the cache does not
-            // show yet: its watch event brings the node back.
-            if ctx.expect().holds_for(Kind::Installed, &f.name, &key) {
-                return Ok(Action::await_change());
-            }
-            let upgrading = decide::needs_upgrade(&f, &key);
-            if !upgrading || UpgradeState::of(&f) != UpgradeState::Idle {
-                unready(&ctx, &gd, &node, Some(NodeState::Pending)).await?;
-            }
-            // A running driver of an older policy: cordon and drain first,
-            // a few nodes at a time.
-            if upgrading && let Some(action) = upgrade(&ctx, &gd, &node, &key).await? {
-                return Ok(action);
-            }
-            let ns = ctx.opts.namespace.clone();
-            let mut req = JobRequest::node_job(JobRole::Install, &job, &ns, &f.name, &image, &key);
-            let expect: String;
-            match gate(&ctx, &gd, &f).await? {
-                (
-                    Gate::Go {
-                        expect_sha256,
-                        compile,
-                    },
-                    _,
-                ) => {
-                    expect = expect_sha256.unwrap_or_default();
-                    req.expect_sha256 = Some(expect.as_str()).filter(|e| !e.is_empty());
-                    req.compile = compile;
-                }
-                (Gate::Wait, _) => return Ok(Action::requeue(Duration::from_secs(60))),
-                (Gate::Refuse { reason, message }, retry) => {
-                    refuse(&ctx, &node, &key, &reason, &message).await?;
-                    return Ok(Action::requeue(Duration::from_secs(retry.clamp(5, 600))));
-                }
-            }
-            drive_job(&ctx, &gd, &node, &req).await
+        } => install(&ctx, &gd, &node, &job, &image, &key).await,
+    }
+}
+
+/// An installed node whose ready label or startup taint still needs a
+/// fix, once per key. An upgrade left half-way because the policy went
+/// back to what the node runs has nothing to install: it ends (uncordon if
+/// ours) in the same patch.
+async fn fix_ready(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    marks: Marks,
+) -> Result<Action, Error> {
+    let f = facts(node);
+    let key = decide::desired_key(&gd.spec, &f);
+    let stale_upgrade = f.annotations.contains_key(keys::UPGRADE);
+    if (!stale_upgrade && marks.is_empty())
+        || ctx.expect().holds_for(Kind::MarksFixed, &f.name, &key)
+    {
+        return Ok(Action::await_change());
+    }
+    let mut patch = NodePatch::default();
+    add_marks(gd, node, marks, &mut patch);
+    if stale_upgrade {
+        let ours = ctx.expect().holds(Kind::Cordoned, &f.name);
+        end_upgrade(&f, ours, &mut patch);
+    }
+    ctx.patch_node(&f.name, &patch).await?;
+    ctx.expect().expect(Kind::MarksFixed, &f.name, &key);
+    if stale_upgrade {
+        ctx.expect().forget(Kind::Cordoned, &f.name);
+        ctx.upgrade_done(&f.name);
+    }
+    Ok(Action::await_change())
+}
+
+/// A GPU node not installed for its key. A node without a verified driver
+/// for this boot (new, rebooted, upgraded) gets label off and startup taint
+/// on before the Job, so nothing new lands there until the install is
+/// verified. A node waiting for its turn in a driver upgrade keeps serving
+/// with its old driver, label and all: taking every node's label at once
+/// would take the device plugin off the whole pool.
+async fn install(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    job: &str,
+    image: &str,
+    key: &str,
+) -> Result<Action, Error> {
+    let f = facts(node);
+    // Installed for this key already by a patch the cache does not show
+    // yet: its watch event brings the node back.
+    if ctx.expect().holds_for(Kind::Installed, &f.name, key) {
+        return Ok(Action::await_change());
+    }
+    let upgrading = decide::needs_upgrade(&f, key);
+    if !upgrading || UpgradeState::of(&f) != UpgradeState::Idle {
+        unready(ctx, gd, node, Some(NodeState::Pending)).await?;
+    }
+    // A running driver of an older policy: cordon and drain first, a few
+    // nodes at a time.
+    if upgrading && let Some(action) = upgrade(ctx, gd, node, key).await? {
+        return Ok(action);
+    }
+    let ns = ctx.opts.namespace.clone();
+    let mut req = JobRequest::node_job(JobRole::Install, job, &ns, &f.name, image, key);
+    let expect: String;
+    match gate(ctx, gd, &f).await? {
+        (
+            Gate::Go {
+                expect_sha256,
+                compile,
+            },
+            _,
+        ) => {
+            expect = expect_sha256.unwrap_or_default();
+            req.expect_sha256 = Some(expect.as_str()).filter(|e| !e.is_empty());
+            req.compile = compile;
+        }
+        (Gate::Wait, _) => return Ok(Action::requeue(Duration::from_secs(60))),
+        (Gate::Refuse { reason, message }, retry) => {
+            refuse(ctx, node, key, &reason, &message).await?;
+            return Ok(Action::requeue(Duration::from_secs(retry.clamp(5, 600))));
         }
     }
+    drive_job(ctx, gd, node, &req).await
 }
 
 /// The install gate for the node: its target's build (created here when
@@ -185,11 +202,12 @@ async fn refuse(
             format!("{reason}: {message}"),
         )
         .await;
-        let patch = json!({"metadata": {"annotations": {
-            keys::STATE: NodeState::BuildFailed.as_str(),
-            keys::FAILURE_REASON: reason,
-            keys::FAILURE_MESSAGE: truncate(&gpu_driver_contract::redact::text(message), 1024),
-        }}});
+        let patch = NodePatch::annotations(NodeAnnotations {
+            state: Change::Set(NodeState::BuildFailed),
+            failure_reason: Change::Set(reason.to_string()),
+            failure_message: Change::Set(redacted(message)),
+            ..Default::default()
+        });
         ctx.patch_node(&name, &patch).await?;
     }
     ctx.expect().expect(Kind::Gated, &name, key);
@@ -221,12 +239,12 @@ async fn unready(
     if !marks_due && state_alone.is_none() {
         return Ok(());
     }
-    let mut patch = json!({"metadata": {}});
+    let mut patch = NodePatch::default();
     if marks_due {
         add_marks(gd, node, marks, &mut patch);
     }
     if let Some(s) = state {
-        patch["metadata"]["annotations"] = json!({ keys::STATE: s.as_str() });
+        patch.metadata.annotations.state = Change::Set(s);
     }
     ctx.patch_node(&f.name, &patch).await?;
     if marks_due {

@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::expect::Kind;
-use super::finish::create_job;
+use super::finish::{create_job, failure_of};
 use super::{Context, Error};
 use crate::crd::{BuildPhase, GpuDriver, TargetStatus};
 use crate::decide::{self, JobRole, NodeFacts, Target, TargetPhase};
@@ -208,15 +208,11 @@ async fn build_finished(
         }
         return TargetPhase::Cached { sha256: sha };
     }
-    let (reason, message) = match (&result, &failure) {
-        (Some(r), _) if r.phase == Phase::Failed => (r.reason.to_string(), r.message.clone()),
-        (_, Some(why)) => ("JobFailed".to_string(), why.clone()),
-        _ => (
-            "NoResult".to_string(),
-            "the build Job's pod ended without a stored artifact in its result".to_string(),
-        ),
-    };
-    let message = gpu_driver_contract::redact::text(&message).into_owned();
+    let (reason, message) = failure_of(
+        result.as_ref(),
+        failure.as_deref(),
+        "the build Job's pod ended without a stored artifact in its result",
+    );
     rec.phase = BuildPhase::Failed;
     rec.failures += 1;
     rec.failed_at = Some(Timestamp::now().to_string());

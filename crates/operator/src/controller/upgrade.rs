@@ -11,13 +11,12 @@ use kube::api::{Api, EvictParams, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use serde_json::json;
 
 use super::expect::{Kind, Slot};
-use super::patch::failure_patch;
+use super::patch::{Change, NodeAnnotations, NodePatch, NodeSpecPatch, failure_patch};
 use super::{Context, Error, driver_for, facts};
 use crate::crd::GpuDriver;
-use crate::decide::{self, DrainStep, UpgradeState};
+use crate::decide::{self, DrainStep, NodeFacts, UpgradeState};
 use crate::keys;
 
 /// The pods on `node` that use an NVIDIA device plugin resource and have
@@ -137,7 +136,10 @@ pub(super) async fn upgrade(
     };
     match decide::drain_step(policy, pods.len(), started, now.as_second()) {
         DrainStep::Install => {
-            let patch = json!({"metadata": {"annotations": {keys::UPGRADE: UpgradeState::Installing.as_str()}}});
+            let patch = NodePatch::annotations(NodeAnnotations {
+                upgrade: Change::Set(UpgradeState::Installing),
+                ..Default::default()
+            });
             ctx.patch_node(&name, &patch).await?;
             ctx.event(
                 node,
@@ -151,8 +153,11 @@ pub(super) async fn upgrade(
         DrainStep::Drain => {
             if state == UpgradeState::Failed {
                 // A retry after the backoff: the drain's clock starts anew.
-                let patch = json!({"metadata": {"annotations": {
-                    keys::UPGRADE: UpgradeState::Draining.as_str(), keys::UPGRADE_STARTED: now.to_string()}}});
+                let patch = NodePatch::annotations(NodeAnnotations {
+                    upgrade: Change::Set(UpgradeState::Draining),
+                    upgrade_started: Change::Set(now.to_string()),
+                    ..Default::default()
+                });
                 ctx.patch_node(&name, &patch).await?;
                 ctx.event(
                     node,
@@ -167,42 +172,54 @@ pub(super) async fn upgrade(
             }
             Ok(Some(Action::requeue(Duration::from_secs(2))))
         }
-        DrainStep::TimedOut => {
-            let names: Vec<String> = pods
-                .iter()
-                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-                .collect();
-            let message = format!(
-                "GPU pods still on the node after {}s{}: {}",
-                policy.drain_timeout_seconds,
-                if policy.evict {
-                    " (evictions refused, e.g. by a PodDisruptionBudget)"
-                } else {
-                    " (upgradePolicy.evict is false: waiting for them to end)"
-                },
-                names.join(", ")
-            );
-            let attempts = decide::failures(&f, key) + 1;
-            let mut patch = failure_patch(key, attempts, "DrainTimeout", &message, now);
-            patch["metadata"]["annotations"][keys::UPGRADE] = json!(UpgradeState::Failed.as_str());
-            ctx.patch_node(&name, &patch).await?;
-            ctx.event(
-                node,
-                EventType::Warning,
-                "UpgradeFailed",
-                format!("DrainTimeout: {message}; the roll stops here"),
-            )
-            .await;
-            ctx.metrics
-                .inc("gpu_driver_upgrades_total", &[("step", "failed")]);
-            let wait = decide::backoff_seconds(
-                attempts,
-                gd.spec.job.retry_base_seconds,
-                gd.spec.job.retry_max_seconds,
-            );
-            Ok(Some(Action::requeue(Duration::from_secs(wait.max(1)))))
-        }
+        DrainStep::TimedOut => drain_timed_out(ctx, gd, node, key, &pods).await.map(Some),
     }
+}
+
+/// The drain took longer than `drainTimeoutSeconds`: the node's upgrade
+/// fails (counted for the backoff) and the roll stops there.
+async fn drain_timed_out(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    key: &str,
+    pods: &[Pod],
+) -> Result<Action, Error> {
+    let f = facts(node);
+    let policy = &gd.spec.upgrade_policy;
+    let names: Vec<String> = pods
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .collect();
+    let message = format!(
+        "GPU pods still on the node after {}s{}: {}",
+        policy.drain_timeout_seconds,
+        if policy.evict {
+            " (evictions refused, e.g. by a PodDisruptionBudget)"
+        } else {
+            " (upgradePolicy.evict is false: waiting for them to end)"
+        },
+        names.join(", ")
+    );
+    let attempts = decide::failures(&f, key) + 1;
+    let mut patch = failure_patch(key, attempts, "DrainTimeout", &message, Timestamp::now());
+    patch.metadata.annotations.upgrade = Change::Set(UpgradeState::Failed);
+    ctx.patch_node(&f.name, &patch).await?;
+    ctx.event(
+        node,
+        EventType::Warning,
+        "UpgradeFailed",
+        format!("DrainTimeout: {message}; the roll stops here"),
+    )
+    .await;
+    ctx.metrics
+        .inc("gpu_driver_upgrades_total", &[("step", "failed")]);
+    let wait = decide::backoff_seconds(
+        attempts,
+        gd.spec.job.retry_base_seconds,
+        gd.spec.job.retry_max_seconds,
+    );
+    Ok(Action::requeue(Duration::from_secs(wait.max(1))))
 }
 
 /// The node's turn in the roll, if a slot is free: cordon it (unless
@@ -232,17 +249,21 @@ async fn start_upgrade(
     } else {
         UpgradeState::Draining
     };
-    let mut patch = json!({"metadata": {"annotations": {
-        keys::UPGRADE: next.as_str(),
-        keys::UPGRADE_STARTED: now.to_string(),
-        keys::UPGRADE_CORDONED: cordon.to_string(),
-    }}});
+    let mut patch = NodePatch::annotations(NodeAnnotations {
+        upgrade: Change::Set(next),
+        upgrade_started: Change::Set(now.to_string()),
+        upgrade_cordoned: Change::Set(cordon.to_string()),
+        ..Default::default()
+    });
     if f.labels.contains_key(keys::READY_LABEL) {
         // Its turn: the ready label goes with the cordon.
-        patch["metadata"]["labels"] = json!({ keys::READY_LABEL: null });
+        patch.metadata.labels.ready = Change::Remove;
     }
     if cordon {
-        patch["spec"] = json!({"unschedulable": true});
+        patch.spec = Some(NodeSpecPatch {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
     }
     if let Err(e) = ctx.patch_node(&name, &patch).await {
         // Not started after all: the next reconcile may try again.
@@ -252,6 +273,20 @@ async fn start_upgrade(
     if cordon {
         ctx.expect().expect(Kind::Cordoned, &name, "");
     }
+    let note = started_note(gd, &f, cordon, pods.len());
+    ctx.event(node, EventType::Normal, "UpgradeStarted", note)
+        .await;
+    ctx.metrics
+        .inc("gpu_driver_upgrades_total", &[("step", "started")]);
+    Ok(match next {
+        UpgradeState::Installing => None,
+        _ => Some(Action::requeue(Duration::from_secs(1))),
+    })
+}
+
+/// The UpgradeStarted Event's note: from which driver to which, and
+/// whether this roll cordoned the node.
+fn started_note(gd: &GpuDriver, f: &NodeFacts, cordon: bool, pods: usize) -> String {
     let from = f
         .annotations
         .get(keys::DRIVER_VERSION)
@@ -263,28 +298,15 @@ async fn start_upgrade(
         .version
         .clone()
         .unwrap_or_else(|| "the catalog's".into());
-    ctx.event(
-        node,
-        EventType::Normal,
-        "UpgradeStarted",
-        format!(
-            "driver {from} → {to} ({}): {}; {} GPU pod(s) to drain",
-            gd.spec.driver.flavor.as_str(),
-            if cordon {
-                "cordoned"
-            } else {
-                "already cordoned by someone else, left so"
-            },
-            pods.len()
-        ),
+    format!(
+        "driver {from} → {to} ({}): {}; {pods} GPU pod(s) to drain",
+        gd.spec.driver.flavor.as_str(),
+        if cordon {
+            "cordoned"
+        } else {
+            "already cordoned by someone else, left so"
+        },
     )
-    .await;
-    ctx.metrics
-        .inc("gpu_driver_upgrades_total", &[("step", "started")]);
-    Ok(match next {
-        UpgradeState::Installing => None,
-        _ => Some(Action::requeue(Duration::from_secs(1))),
-    })
 }
 
 /// Evicts each pod through the Eviction API, so that PodDisruptionBudgets

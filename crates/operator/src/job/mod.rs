@@ -482,14 +482,7 @@ mod tests {
 
     #[test]
     fn the_build_job_is_unprivileged_scheduled_and_alone_holds_the_write_secret() {
-        let mut g = gd();
-        g.spec.cache = Some(CacheSpec {
-            url: "s3://bucket/gpu".into(),
-            secret_name: Some("cache-reader".into()),
-            write_secret_name: Some("cache-writer".into()),
-            allow_http: false,
-        });
-        g.spec.extra_args = vec!["--peermem".into()];
+        let g = gd_with_two_secrets();
         let job = example(
             &g,
             "n1",
@@ -552,7 +545,23 @@ mod tests {
                 .unwrap()
                 .contains_key(keys::TARGET)
         );
+    }
 
+    fn gd_with_two_secrets() -> GpuDriver {
+        let mut g = gd();
+        g.spec.cache = Some(CacheSpec {
+            url: "s3://bucket/gpu".into(),
+            secret_name: Some("cache-reader".into()),
+            write_secret_name: Some("cache-writer".into()),
+            allow_http: false,
+        });
+        g.spec.extra_args = vec!["--peermem".into()];
+        g
+    }
+
+    #[test]
+    fn the_install_job_beside_builds_reads_the_cache_only() {
+        let mut g = gd_with_two_secrets();
         // The install Job: the read-only Secret only, and read-only cache use.
         g.spec.build.compile_on_node = false;
         let job = example(
