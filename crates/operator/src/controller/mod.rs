@@ -410,3 +410,5 @@ fn tokio_stream_from<T: Send + 'static>(
 ) -> impl futures::Stream<Item = T> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
+#[cfg(test)]
+mod mock_tests;
