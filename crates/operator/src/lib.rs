@@ -58,7 +58,7 @@ pub mod job;
 pub mod leader;
 pub mod metrics;
 pub mod outcome;
-pub mod status;
+pub(crate) mod status;
 
 /// Installs ring as the process's rustls provider, once: kube's client looks
 /// the default up when it is built, and no other provider is compiled in

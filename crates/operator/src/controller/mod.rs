@@ -34,13 +34,11 @@ use expect::{Expectations, Kind};
 use gpu_driver_contract::text::truncate;
 
 pub use patch::{
-    Change, NodeAnnotations, NodeLabels, NodeMetaPatch, NodePatch, NodeSpecPatch, failure_patch,
-    ready_patch,
+    Change, NodeAnnotations, NodeLabels, NodeMetaPatch, NodePatch, NodeSpecPatch, ready_patch,
 };
-pub use upgrade::uses_gpu;
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("{0}: {1}")]
     Kube(String, #[source] kube::Error),
 }
@@ -60,7 +58,7 @@ pub struct Options {
 /// change wakes them (it serves no node of its own).
 type Waiters = Arc<Mutex<HashMap<String, HashSet<String>>>>;
 
-pub struct Context {
+pub(crate) struct Context {
     client: Client,
     opts: Options,
     nodes: Store<Node>,

@@ -333,7 +333,7 @@ pub(super) fn add_marks(gd: &GpuDriver, node: &Node, marks: Marks, patch: &mut N
 
 /// The patch after a failed install Job: the failure on the node (reason,
 /// message, count for the backoff), never the ready label.
-pub fn failure_patch(
+pub(crate) fn failure_patch(
     key: &str,
     failures: u32,
     reason: &str,

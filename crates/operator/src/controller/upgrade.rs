@@ -42,7 +42,7 @@ async fn gpu_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>, Error> {
 
 /// Does any container of the pod request or limit an `nvidia.com/*`
 /// resource?
-pub fn uses_gpu(pod: &Pod) -> bool {
+pub(crate) fn uses_gpu(pod: &Pod) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;
     };

@@ -9,7 +9,7 @@ use crate::keys;
 /// `bootID` (a reboot empties the kernel of its modules), another kernel or
 /// another OS image means it is gone, and a node never installed has
 /// nothing recorded. Only a new driver policy on the same boot keeps it.
-pub fn verified_driver_loaded(node: &NodeFacts) -> bool {
+pub(crate) fn verified_driver_loaded(node: &NodeFacts) -> bool {
     [
         (keys::BOOT_ID, &node.boot_id),
         (keys::KERNEL, &node.kernel),
@@ -40,7 +40,7 @@ impl Marks {
 /// The effect of the startup taint when the operator adds it.
 /// NoSchedule keeps new pods off until the driver is back, without
 /// evicting what runs (the install Job tolerates it anyway).
-pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
+pub(crate) const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
 
 /// What the ready label and the startup taint of a GPU node should become.
 /// `installed`: a verified install for the node's current key (kernel, OS
@@ -51,7 +51,7 @@ pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
 /// old driver is still loaded and serving what runs. Only the configured
 /// `startupTaint` key is ever touched, and a taint of that key with any
 /// effect counts as present (a node pool's own stays as it is).
-pub fn marks(spec: &GpuDriverSpec, node: &NodeFacts, installed: bool) -> Marks {
+pub(crate) fn marks(spec: &GpuDriverSpec, node: &NodeFacts, installed: bool) -> Marks {
     let label = node.labels.get(keys::READY_LABEL).map(String::as_str);
     let tainted = spec.startup_taint.as_ref().map(|t| node.taints.contains(t));
     if installed {

@@ -14,19 +14,18 @@ mod marks;
 mod targets;
 mod upgrade;
 
-pub use marks::{Marks, STARTUP_TAINT_EFFECT, marks, verified_driver_loaded};
-
-pub use targets::{
-    Gate, Target, TargetPhase, build_job_name, builds_enabled, install_gate, target_key,
+pub use marks::Marks;
+pub(crate) use marks::{STARTUP_TAINT_EFFECT, marks, verified_driver_loaded};
+pub use targets::Target;
+pub(crate) use targets::{
+    Gate, TargetPhase, build_job_name, builds_enabled, install_gate, target_key,
 };
-pub use upgrade::{
-    DrainStep, UpgradeState, drain_step, is_gpu_resource, max_unavailable, needs_upgrade,
-    upgrade_started,
-};
+pub(crate) use upgrade::{DrainStep, drain_step, is_gpu_resource, needs_upgrade, upgrade_started};
+pub use upgrade::{UpgradeState, max_unavailable};
 
 /// The operating system as the kubelet reports it in `status.nodeInfo.osImage`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OsImage {
+pub(crate) enum OsImage {
     /// `Garden Linux 1592.4`, `Garden Linux 1877.3.1`.
     GardenLinux {
         version: String,
@@ -86,7 +85,7 @@ fn is_dotted_version(v: &str) -> bool {
 
 /// `1592` matches `1592.4` and `1592.4.1`, `1592.4` matches `1592.4.1`
 /// but not `1592.40`: whole components, from the left.
-pub fn version_matches(pattern: &str, version: &str) -> bool {
+pub(crate) fn version_matches(pattern: &str, version: &str) -> bool {
     let p: Vec<&str> = pattern.trim().split('.').collect();
     let v: Vec<&str> = version.split('.').collect();
     p.len() <= v.len() && p.iter().zip(&v).all(|(a, b)| a == b)
@@ -114,7 +113,7 @@ pub struct NodeFacts {
 }
 
 impl NodeFacts {
-    pub fn os(&self) -> OsImage {
+    pub(crate) fn os(&self) -> OsImage {
         OsImage::parse(&self.os_image)
     }
 
@@ -125,12 +124,15 @@ impl NodeFacts {
 
 /// Does the selector pick this node? Every label must be present with
 /// the same value.
-pub fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn selects(
+    selector: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gpu {
+pub(crate) enum Gpu {
     Yes,
     No,
     /// Only a detect Job can tell.
@@ -139,7 +141,7 @@ pub enum Gpu {
 
 /// GPU presence before any driver exists: NFD's PCI vendor label, the
 /// instance type, or an earlier detect Job's answer (an annotation).
-pub fn gpu_presence(spec: &GpuDriverSpec, node: &NodeFacts) -> Gpu {
+pub(crate) fn gpu_presence(spec: &GpuDriverSpec, node: &NodeFacts) -> Gpu {
     let det = &spec.gpu_detection;
     if det.nfd && node.labels.get(keys::NFD_NVIDIA_LABEL).map(String::as_str) == Some("true") {
         return Gpu::Yes;
@@ -251,12 +253,12 @@ impl NodeState {
 }
 
 /// Installed for exactly the current kernel, boot and policy?
-pub fn is_installed(node: &NodeFacts, key: &str) -> bool {
+pub(crate) fn is_installed(node: &NodeFacts, key: &str) -> bool {
     node.annotation(keys::KEY) == Some(key) && NodeState::of(node) == Some(NodeState::Installed)
 }
 
 /// Failed Jobs for the current key (earlier keys' failures do not count).
-pub fn failures(node: &NodeFacts, key: &str) -> u32 {
+pub(crate) fn failures(node: &NodeFacts, key: &str) -> u32 {
     if node.annotation(keys::FAILURE_KEY) != Some(key) {
         return 0;
     }
@@ -266,7 +268,7 @@ pub fn failures(node: &NodeFacts, key: &str) -> u32 {
 }
 
 /// Wait after the n-th failure: base · 2^(n-1), at most `max`.
-pub fn backoff_seconds(failures: u32, base: u64, max: u64) -> u64 {
+pub(crate) fn backoff_seconds(failures: u32, base: u64, max: u64) -> u64 {
     if failures == 0 {
         return 0;
     }
@@ -275,7 +277,7 @@ pub fn backoff_seconds(failures: u32, base: u64, max: u64) -> u64 {
 }
 
 /// Seconds still to wait before the next attempt (0: go now).
-pub fn retry_in(spec: &GpuDriverSpec, node: &NodeFacts, key: &str, now_unix: i64) -> u64 {
+pub(crate) fn retry_in(spec: &GpuDriverSpec, node: &NodeFacts, key: &str, now_unix: i64) -> u64 {
     let n = failures(node, key);
     if n == 0 {
         return 0;
@@ -311,7 +313,7 @@ impl JobRole {
 /// it already made (a create answers AlreadyExists) instead of making
 /// another. A new attempt after a failure, a new kernel or a new boot is
 /// another name. At most 63 characters (the job-name label's limit).
-pub fn job_name(role: JobRole, node: &str, key: &str, attempt: u32) -> String {
+pub(crate) fn job_name(role: JobRole, node: &str, key: &str, attempt: u32) -> String {
     let h = short_hash(&[node, key, &attempt.to_string()]);
     // The node name's start makes `kubectl get jobs` readable; the hash
     // makes it unique.

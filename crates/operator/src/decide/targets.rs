@@ -32,13 +32,13 @@ impl Target {
 
     /// The node's target; `None` for an OS the installer has no build
     /// recipe for, or a node that reports no kernel yet.
-    pub fn of_node(node: &NodeFacts) -> Option<Target> {
+    pub(crate) fn of_node(node: &NodeFacts) -> Option<Target> {
         Target::new(&node.os(), &node.kernel, &node.arch)
     }
 
     /// A `spec.prebuild` entry's target; `None` when it names neither a
     /// Garden Linux nor a Debian version.
-    pub fn of_prebuild(t: &crate::crd::PrebuildTarget) -> Option<Target> {
+    pub(crate) fn of_prebuild(t: &crate::crd::PrebuildTarget) -> Option<Target> {
         let os = match (&t.garden_linux_version, &t.debian_version) {
             (Some(v), _) if is_dotted_version(v) => OsImage::GardenLinux {
                 version: v.to_string(),
@@ -52,7 +52,7 @@ impl Target {
     }
 
     /// The facts the builder image rules match on.
-    pub fn facts(&self) -> NodeFacts {
+    pub(crate) fn facts(&self) -> NodeFacts {
         NodeFacts {
             kernel: self.kernel.clone(),
             os_image: self.os_image.clone(),
@@ -62,7 +62,7 @@ impl Target {
     }
 
     /// The installer's `--os-id` and `--os-version`.
-    pub fn os_release(&self) -> (&'static str, String) {
+    pub(crate) fn os_release(&self) -> (&'static str, String) {
         match OsImage::parse(&self.os_image) {
             OsImage::GardenLinux { version } => ("gardenlinux", version),
             OsImage::Debian { version } => ("debian", version),
@@ -72,13 +72,13 @@ impl Target {
 }
 
 /// Build Jobs run when the GpuDriver has a cache to store into.
-pub fn builds_enabled(spec: &GpuDriverSpec) -> bool {
+pub(crate) fn builds_enabled(spec: &GpuDriverSpec) -> bool {
     spec.cache.is_some()
 }
 
 /// The target's key under the current driver policy: a new driver version
 /// or flavor is a new target.
-pub fn target_key(spec: &GpuDriverSpec, t: &Target) -> String {
+pub(crate) fn target_key(spec: &GpuDriverSpec, t: &Target) -> String {
     short_hash(&[
         &t.os_image,
         &t.kernel,
@@ -90,14 +90,16 @@ pub fn target_key(spec: &GpuDriverSpec, t: &Target) -> String {
 
 /// The build Job's name: one per target and attempt, cluster-wide (a
 /// second operator or a restart finds the same name).
-pub fn build_job_name(t: &Target, key: &str, attempt: u32) -> String {
+pub(crate) fn build_job_name(t: &Target, key: &str, attempt: u32) -> String {
     job_name(JobRole::Build, &t.kernel, key, attempt)
 }
 
 /// Where a target's artifact stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TargetPhase {
-    /// No build Job yet.
+pub(crate) enum TargetPhase {
+    /// No build Job yet. The controller creates it at once (and answers
+    /// Building), so only the gate's tests see this one.
+    #[cfg_attr(not(test), allow(dead_code))]
     Pending,
     Building,
     /// In the store, with the sha256 the build Job reported.
@@ -114,7 +116,7 @@ pub enum TargetPhase {
 
 /// May the node's install Job start, and how?
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// Start it. `expect_sha256`: the artifact it must find in the cache;
     /// `compile`: whether it may compile on a miss.
     Go {
@@ -129,7 +131,7 @@ pub enum Gate {
 
 /// The install gate for a node whose target is in `phase` (`None`: the
 /// node has no build target, e.g. an OS without a build recipe).
-pub fn install_gate(spec: &GpuDriverSpec, phase: Option<&TargetPhase>) -> Gate {
+pub(crate) fn install_gate(spec: &GpuDriverSpec, phase: Option<&TargetPhase>) -> Gate {
     if !builds_enabled(spec) {
         // No store to build into: the node compiles, as without build Jobs.
         return Gate::Go {

@@ -8,7 +8,7 @@ use crate::keys;
 /// flavor)? Then it is upgraded in the roll (cordon, drain, install). A
 /// reboot, kernel or OS change has no loaded driver to protect: it
 /// reinstalls at once, as always.
-pub fn needs_upgrade(node: &NodeFacts, key: &str) -> bool {
+pub(crate) fn needs_upgrade(node: &NodeFacts, key: &str) -> bool {
     node.annotation(keys::KEY).is_some_and(|k| k != key) && verified_driver_loaded(node)
 }
 
@@ -60,13 +60,13 @@ pub fn max_unavailable(
 
 /// Is `resource` one of NVIDIA's device plugin resources (a whole GPU or
 /// a MIG slice)? Pods that request one use the driver.
-pub fn is_gpu_resource(resource: &str) -> bool {
+pub(crate) fn is_gpu_resource(resource: &str) -> bool {
     resource.starts_with("nvidia.com/")
 }
 
 /// What an upgrading node does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrainStep {
+pub(crate) enum DrainStep {
     /// No GPU pod left: install.
     Install,
     /// Evict (or wait for) the GPU pods and look again.
@@ -75,7 +75,7 @@ pub enum DrainStep {
     TimedOut,
 }
 
-pub fn drain_step(
+pub(crate) fn drain_step(
     policy: &crate::crd::UpgradePolicy,
     gpu_pods: usize,
     started_unix: Option<i64>,
@@ -92,7 +92,7 @@ pub fn drain_step(
 }
 
 /// When the node's drain started (its annotation).
-pub fn upgrade_started(node: &NodeFacts) -> Option<i64> {
+pub(crate) fn upgrade_started(node: &NodeFacts) -> Option<i64> {
     node.annotation(keys::UPGRADE_STARTED)
         .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
         .map(|t| t.as_second())

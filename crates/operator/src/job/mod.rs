@@ -35,12 +35,12 @@ use gpu_driver_contract::report::Reason;
 use pod::pod_spec;
 
 /// Where the init container puts the installer inside the pod.
-pub const INSTALLER_DIR: &str = "/opt/gpu-driver";
-pub const INSTALLER_PATH: &str = "/opt/gpu-driver/gpu-driver-installer";
+pub(crate) const INSTALLER_DIR: &str = "/opt/gpu-driver";
+pub(crate) const INSTALLER_PATH: &str = "/opt/gpu-driver/gpu-driver-installer";
 /// The installer's path in the installer image (scratch).
-pub const INSTALLER_IN_IMAGE: &str = "/gpu-driver-installer";
+pub(crate) const INSTALLER_IN_IMAGE: &str = "/gpu-driver-installer";
 /// The Job pods' ServiceAccount: no RBAC bindings, token not mounted.
-pub const SERVICE_ACCOUNT: &str = "gpu-driver-installer";
+pub(crate) const SERVICE_ACCOUNT: &str = "gpu-driver-installer";
 
 /// What the controller decided to run.
 #[derive(Debug, Clone)]
@@ -131,7 +131,7 @@ fn fail_job_codes() -> Vec<i32> {
     codes
 }
 
-pub fn installer_args(gd: &GpuDriver, req: &JobRequest<'_>) -> Vec<String> {
+pub(crate) fn installer_args(gd: &GpuDriver, req: &JobRequest<'_>) -> Vec<String> {
     let spec = &gd.spec;
     // A build Job's root is its own image's: it never sees a host.
     let host_root = if req.role == JobRole::Build {
@@ -317,7 +317,7 @@ pub enum TemplateKind {
 
 /// The install or build Job for a made-up GPU node: what
 /// `deploy/job-template.yaml` and `deploy/build-job-template.yaml` show.
-pub fn example(
+pub(crate) fn example(
     gd: &GpuDriver,
     node: &str,
     os_image: &str,
