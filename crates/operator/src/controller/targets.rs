@@ -270,7 +270,7 @@ pub(super) async fn reconcile_targets(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let again = Action::requeue(ctx.opts.status_interval);
-    if !decide::builds_enabled(&gd.spec) || gd.metadata.deletion_timestamp.is_some() {
+    if !decide::builds_enabled(&gd.spec) {
         return Ok(again);
     }
     let wanted = wanted_targets(&gd, &ctx.selected_nodes(&gd));
