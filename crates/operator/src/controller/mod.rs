@@ -3,6 +3,12 @@
 //! reconcile. Everything is read from reflector caches; the only API calls
 //! are writes, and per node from nothing to ready they are three: create the
 //! Job, one node patch (annotations, label and taint together), one Event.
+//!
+//! Build targets belong to a GpuDriver, not to a node: a second reconcile,
+//! over GpuDrivers ([`targets`]), creates their build Jobs (a node's install
+//! gate may too). The status loop ([`status_loop`]) only computes and
+//! writes `status`. What was written and the caches may not show yet is in
+//! one expectations store ([`expect`]).
 
 mod expect;
 mod finish;
