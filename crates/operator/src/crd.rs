@@ -11,6 +11,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::decide::UpgradeState;
+
 /// Desired driver installation for the nodes that `nodeSelector` matches.
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -379,7 +381,8 @@ pub struct TargetStatus {
     pub kernel_release: String,
     pub arch: String,
     /// Pending, Building, Cached or Failed.
-    pub phase: String,
+    #[schemars(with = "String")]
+    pub phase: BuildPhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
     /// The stored artifact's sha256, from the build Job's result: install
@@ -427,7 +430,8 @@ pub struct UpgradeStatus {
 #[serde(rename_all = "camelCase")]
 pub struct NodeSummary {
     pub name: String,
-    pub phase: String,
+    #[schemars(with = "String")]
+    pub phase: NodePhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -437,7 +441,36 @@ pub struct NodeSummary {
     /// The node's driver upgrade state: Waiting, Draining, Installing or
     /// Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upgrade: Option<String>,
+    #[schemars(with = "Option<String>")]
+    pub upgrade: Option<UpgradeState>,
+}
+
+str_enum! {
+    /// Where a build target's artifact stands (`status.targets[].phase`).
+    #[derive(Default)]
+    pub enum BuildPhase {
+        #[default]
+        Pending = "Pending",
+        Building = "Building",
+        Cached = "Cached",
+        Failed = "Failed",
+    }
+}
+
+str_enum! {
+    /// A selected node's phase (`status.nodes[].phase`, the keys of
+    /// `status.phases`, the nodes gauge's label).
+    #[derive(Default)]
+    pub enum NodePhase {
+        NoGpu = "NoGpu",
+        Ready = "Ready",
+        Detecting = "Detecting",
+        #[default]
+        Pending = "Pending",
+        Installing = "Installing",
+        Failed = "Failed",
+        NoBuilderImage = "NoBuilderImage",
+    }
 }
 
 /// The CRD as YAML, as committed in `deploy/crd.yaml`.

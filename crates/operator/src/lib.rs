@@ -14,6 +14,42 @@
 //! The benchmark's polling baseline is not here: it lives with the
 //! benchmark (`crates/operator/examples/bench_operator/naive.rs`).
 
+/// An enum whose values are fixed strings on the wire (a status field, an
+/// annotation value): serde, `as_str` and `parse` from one list, so the
+/// strings stay exactly as they were.
+macro_rules! str_enum {
+    ($(#[$m:meta])* $vis:vis enum $name:ident {
+        $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)?
+    }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        $vis enum $name {
+            $($(#[$vm])* #[serde(rename = $s)] $var),+
+        }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$var => $s),+
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($s => Some($name::$var),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 pub mod cli;
 pub mod controller;
 pub mod crd;
@@ -22,7 +58,7 @@ pub mod job;
 pub mod leader;
 pub mod metrics;
 pub mod outcome;
-pub mod status;
+pub(crate) mod status;
 
 /// Installs ring as the process's rustls provider, once: kube's client looks
 /// the default up when it is built, and no other provider is compiled in
@@ -44,7 +80,7 @@ pub mod keys {
     /// and boot; removed on failure and before a reinstall.
     pub const READY_LABEL: &str = "gpu-driver.gardenlinux.io/ready";
 
-    /// Installed, Failed, NoBuilderImage.
+    /// The node's [`crate::decide::NodeState`].
     pub const STATE: &str = "gpu-driver.gardenlinux.io/state";
     /// The desired-state key the installation is for (kernel, OS image,
     /// boot id, driver policy, flavor).
@@ -65,8 +101,9 @@ pub mod keys {
     pub const FAILURE_REASON: &str = "gpu-driver.gardenlinux.io/failure-reason";
     pub const FAILURE_MESSAGE: &str = "gpu-driver.gardenlinux.io/failure-message";
 
-    /// A driver upgrade in progress on the node: Draining, Installing or
-    /// Failed (absent: none, or waiting for a slot).
+    /// A driver upgrade in progress on the node
+    /// ([`crate::decide::UpgradeState`]): Draining, Installing or Failed
+    /// (absent: none, or waiting for a slot).
     pub const UPGRADE: &str = "gpu-driver.gardenlinux.io/upgrade";
     /// When the node's upgrade started draining (RFC 3339).
     pub const UPGRADE_STARTED: &str = "gpu-driver.gardenlinux.io/upgrade-started-at";

@@ -12,7 +12,7 @@ use gpu_driver_contract::report::{Kind, Outcome, Phase, Reason};
 use gpu_driver_contract::run::{Installed, RunResult};
 
 /// The container whose termination message carries the result.
-pub const MAIN_CONTAINER: &str = "installer";
+pub(crate) const MAIN_CONTAINER: &str = "installer";
 
 /// A Job pod's result, from its termination message.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,7 +58,7 @@ struct Compact {
 
 /// Parses a termination message. `None` when it is not a result document
 /// (empty, or a log tail from `FallbackToLogsOnError`).
-pub fn parse_message(message: &str) -> Option<PodResult> {
+pub(crate) fn parse_message(message: &str) -> Option<PodResult> {
     let value: serde_json::Value = serde_json::from_str(message.trim()).ok()?;
     // `status.cache.outcome` is the artifact cache's field; read loosely so
     // that a result without it still parses.
@@ -112,7 +112,7 @@ pub fn parse_message(message: &str) -> Option<PodResult> {
 }
 
 /// The main container's termination message, once it has terminated.
-pub fn termination_message(pod: &Pod) -> Option<&str> {
+pub(crate) fn termination_message(pod: &Pod) -> Option<&str> {
     let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
     statuses
         .iter()
@@ -164,7 +164,7 @@ fn is_terminal(pod: &Pod) -> bool {
 /// taken as lost (the pod was garbage-collected): the caches of Jobs and
 /// pods are separate watches, and under load the Job's condition arrives
 /// well before the pod's last status.
-pub const LOST_POD_GRACE_SECONDS: i64 = 120;
+pub(crate) const LOST_POD_GRACE_SECONDS: i64 = 120;
 
 pub fn job_state(job: &Job, pods: &[&Pod], now_unix: i64) -> JobState {
     if let Some(p) = pods.iter().find(|p| pod_phase(p) == "Succeeded") {
@@ -213,7 +213,7 @@ pub fn job_state(job: &Job, pods: &[&Pod], now_unix: i64) -> JobState {
 }
 
 /// Seconds from the Job's start to now (for the duration histogram).
-pub fn job_seconds(job: &Job, now_unix: i64) -> Option<f64> {
+pub(crate) fn job_seconds(job: &Job, now_unix: i64) -> Option<f64> {
     let start = job
         .status
         .as_ref()

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::crd::{GpuDriverSpec, GpuDriverStatus, NodeSummary, UpgradeStatus};
-use super::decide::{self, NodeFacts, Plan};
+use super::crd::{GpuDriverSpec, GpuDriverStatus, NodePhase, NodeSummary, UpgradeStatus};
+use super::decide::{self, NodeFacts, NodeState, Plan};
 use super::keys;
 
 /// At most this many nodes are listed in `status.nodes`.
@@ -18,18 +18,18 @@ pub fn node_phase(
     node: &NodeFacts,
     job_running: impl Fn(&str) -> bool,
     now_unix: i64,
-) -> &'static str {
-    let failed = node.annotations.get(keys::STATE).map(String::as_str) == Some("Failed");
+) -> NodePhase {
+    let failed = NodeState::of(node) == Some(NodeState::Failed);
     match decide::plan(spec, node, now_unix) {
-        Plan::NoGpu => "NoGpu",
-        Plan::Ready { .. } => "Ready",
-        Plan::Detect { job } if job_running(&job) => "Detecting",
-        Plan::Detect { .. } => "Pending",
-        Plan::Install { job, .. } if job_running(&job) => "Installing",
-        Plan::Install { .. } if failed => "Failed",
-        Plan::Install { .. } => "Pending",
-        Plan::Backoff { .. } => "Failed",
-        Plan::NoBuilderImage => "NoBuilderImage",
+        Plan::NoGpu => NodePhase::NoGpu,
+        Plan::Ready { .. } => NodePhase::Ready,
+        Plan::Detect { job } if job_running(&job) => NodePhase::Detecting,
+        Plan::Detect { .. } => NodePhase::Pending,
+        Plan::Install { job, .. } if job_running(&job) => NodePhase::Installing,
+        Plan::Install { .. } if failed => NodePhase::Failed,
+        Plan::Install { .. } => NodePhase::Pending,
+        Plan::Backoff { .. } => NodePhase::Failed,
+        Plan::NoBuilderImage => NodePhase::NoBuilderImage,
     }
 }
 
@@ -51,38 +51,19 @@ pub fn compute(
         let phase = node_phase(spec, n, &job_running, now.as_second());
         *st.phases.entry(phase.to_string()).or_default() += 1;
         match phase {
-            "NoGpu" => continue,
-            "Ready" => st.ready_nodes += 1,
-            "Installing" | "Detecting" => st.installing_nodes += 1,
-            "Failed" => st.failed_nodes += 1,
+            NodePhase::NoGpu => continue,
+            NodePhase::Ready => st.ready_nodes += 1,
+            NodePhase::Installing | NodePhase::Detecting => st.installing_nodes += 1,
+            NodePhase::Failed => st.failed_nodes += 1,
             _ => {}
         }
         st.gpu_nodes += 1;
-        let a = |k: &str| n.annotations.get(k).cloned();
         let order = match phase {
-            "Failed" | "NoBuilderImage" => 0,
-            "Ready" => 2,
+            NodePhase::Failed | NodePhase::NoBuilderImage => 0,
+            NodePhase::Ready => 2,
             _ => 1,
         };
-        listed.push((
-            order,
-            NodeSummary {
-                name: n.name.clone(),
-                phase: phase.to_string(),
-                kernel: Some(n.kernel.clone()).filter(|k| !k.is_empty()),
-                driver_version: (phase == "Ready")
-                    .then(|| a(keys::DRIVER_VERSION))
-                    .flatten(),
-                message: (phase == "Failed")
-                    .then(|| {
-                        a(keys::FAILURE_REASON).map(|r| {
-                            format!("{r}: {}", a(keys::FAILURE_MESSAGE).unwrap_or_default())
-                        })
-                    })
-                    .flatten(),
-                upgrade: upgrade_state(spec, n).map(|u| u.as_str().to_string()),
-            },
-        ));
+        listed.push((order, summary(spec, n, phase)));
     }
     listed.sort_by(|a, b| (a.0, &a.1.name).cmp(&(b.0, &b.1.name)));
     st.nodes_truncated = listed.len() > MAX_LISTED_NODES;
@@ -91,7 +72,37 @@ pub fn compute(
         .take(MAX_LISTED_NODES)
         .map(|(_, s)| s)
         .collect();
+    st.conditions = conditions(&st, generation, previous, now);
+    st
+}
 
+/// One GPU node's line in `status.nodes`.
+fn summary(spec: &GpuDriverSpec, n: &NodeFacts, phase: NodePhase) -> NodeSummary {
+    let a = |k: &str| n.annotations.get(k).cloned();
+    NodeSummary {
+        name: n.name.clone(),
+        phase,
+        kernel: Some(n.kernel.clone()).filter(|k| !k.is_empty()),
+        driver_version: (phase == NodePhase::Ready)
+            .then(|| a(keys::DRIVER_VERSION))
+            .flatten(),
+        message: (phase == NodePhase::Failed)
+            .then(|| {
+                a(keys::FAILURE_REASON)
+                    .map(|r| format!("{r}: {}", a(keys::FAILURE_MESSAGE).unwrap_or_default()))
+            })
+            .flatten(),
+        upgrade: upgrade_state(spec, n),
+    }
+}
+
+/// The Ready and Degraded conditions for the counts in `st`.
+fn conditions(
+    st: &GpuDriverStatus,
+    generation: Option<i64>,
+    previous: Option<&GpuDriverStatus>,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Vec<Condition> {
     let all_ready = st.ready_nodes == st.gpu_nodes;
     let cond = |type_: &str, ok: bool, reason: &str, message: String| {
         let status = if ok { "True" } else { "False" };
@@ -111,7 +122,7 @@ pub fn compute(
             last_transition_time: since,
         }
     };
-    st.conditions = vec![
+    vec![
         cond(
             "Ready",
             all_ready,
@@ -132,8 +143,7 @@ pub fn compute(
             },
             format!("{} GPU nodes failed", st.failed_nodes),
         ),
-    ];
-    st
+    ]
 }
 
 /// The node's place in a driver upgrade: `None` when it has none (not

@@ -325,7 +325,11 @@ fn seen(node: &Node, spec: &gpu_driver_operator::crd::GpuDriverSpec) -> Seen {
     Seen {
         busy: upgrade.is_some() || cordoned,
         unready: !ready,
-        done: state == Some("Installed") && new_key && upgrade.is_none() && !cordoned && ready,
+        done: decide::NodeState::of(&f) == Some(decide::NodeState::Installed)
+            && new_key
+            && upgrade.is_none()
+            && !cordoned
+            && ready,
         what: format!(
             "state={} upgrade={} upgradeCordoned={} newKey={new_key} cordoned={cordoned} \
              ready={ready}",
@@ -341,6 +345,100 @@ fn seen(node: &Node, spec: &gpu_driver_operator::crd::GpuDriverSpec) -> Seen {
 /// simulated installer reports the new version), timed until all `nodes`
 /// are installed for their new key. A node watch, started before the
 /// change, sees every state each node passes through.
+/// Why an upgrade did not converge: the nodes by state, and the history
+/// of the first few that did not finish.
+fn report_stuck(view: &HashMap<String, Seen>, history: &History) {
+    let mut tally: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in view.values() {
+        *tally.entry(s.what.as_str()).or_default() += 1;
+    }
+    eprintln!("upgrade did not converge; nodes by state:");
+    for (what, n) in tally {
+        eprintln!("  {n:>6}  {what}");
+    }
+    let mut stuck: Vec<&String> = view
+        .iter()
+        .filter(|(_, s)| !s.done)
+        .map(|(n, _)| n)
+        .collect();
+    stuck.sort();
+    for name in stuck.iter().take(5) {
+        eprintln!("node {name} (seconds since the change; 0: before it):");
+        for (at, what) in history.get(*name).into_iter().flatten() {
+            eprintln!("  {at:>7.2}s  {what}");
+        }
+    }
+}
+
+/// Counts the roll's progress into `run`; prints a line when it changed,
+/// and a warning (once) when more nodes are out than maxUnavailable.
+fn progress(
+    view: &HashMap<String, Seen>,
+    run: &mut UpgradeRun,
+    (last, warned): (&mut (usize, usize, usize), &mut bool),
+    nodes: usize,
+    started: Instant,
+) {
+    let max_unavailable = run.max_unavailable;
+    let busy = view.values().filter(|s| s.busy).count();
+    let unready = view.values().filter(|s| s.unready).count();
+    run.upgraded = view.values().filter(|s| s.done).count();
+    run.max_concurrent = run.max_concurrent.max(busy);
+    run.max_unready = run.max_unready.max(unready);
+    if busy > max_unavailable as usize && !*warned {
+        *warned = true;
+        eprintln!(
+            "WARNING: {busy} nodes upgrading or cordoned at once, \
+             more than maxUnavailable {max_unavailable}"
+        );
+    }
+    if (run.upgraded, busy, unready) != *last {
+        eprintln!(
+            "{:>7.1}s  {}/{nodes} nodes upgraded, {busy} upgrading or cordoned, \
+             {unready} without the ready label",
+            started.elapsed().as_secs_f64(),
+            run.upgraded,
+        );
+        *last = (run.upgraded, busy, unready);
+    }
+}
+
+/// The nodes as the watch's initial list shows them, judged against the
+/// new `spec`.
+async fn initial_view(
+    events: &mut futures::stream::BoxStream<'static, Result<watcher::Event<Node>, watcher::Error>>,
+    spec: &gpu_driver_operator::crd::GpuDriverSpec,
+    view: &mut HashMap<String, Seen>,
+    history: &mut History,
+) -> Result<(), String> {
+    loop {
+        match events.next().await {
+            Some(Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n))) => {
+                let s = seen(&n, spec);
+                record(history, &n.name_any(), 0.0, &s.what);
+                view.insert(n.name_any(), s);
+            }
+            Some(Ok(watcher::Event::InitDone)) => return Ok(()),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => eprintln!("watching nodes: {e}"),
+            None => return Err("the node watch ended".into()),
+        }
+    }
+}
+
+/// The change the roll answers: the next driver version, with the
+/// simulated kubelet's answer for it.
+async fn new_driver_version(gds: &Api<GpuDriver>) -> Result<GpuDriver, String> {
+    let patch = json!({"spec": {
+        "driver": {"version": TO_VERSION},
+        "upgradePolicy": {"maxUnavailable": MAX_UNAVAILABLE},
+        "podAnnotations": {SIM_MESSAGE: success_message(TO_VERSION)},
+    }});
+    gds.patch("bench", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| format!("patching the GpuDriver: {e}"))
+}
+
 async fn upgrade(client: &Client, nodes: usize, timeout: Duration) -> Result<UpgradeRun, String> {
     let gds: Api<GpuDriver> = Api::all(client.clone());
     let api: Api<Node> = Api::all(client.clone());
@@ -355,28 +453,8 @@ async fn upgrade(client: &Client, nodes: usize, timeout: Duration) -> Result<Upg
         .boxed();
     let mut view: HashMap<String, Seen> = HashMap::new();
     let mut history = History::new();
-    loop {
-        match events.next().await {
-            Some(Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n))) => {
-                let s = seen(&n, &spec);
-                record(&mut history, &n.name_any(), 0.0, &s.what);
-                view.insert(n.name_any(), s);
-            }
-            Some(Ok(watcher::Event::InitDone)) => break,
-            Some(Ok(_)) => {}
-            Some(Err(e)) => eprintln!("watching nodes: {e}"),
-            None => return Err("the node watch ended".into()),
-        }
-    }
-    let patch = json!({"spec": {
-        "driver": {"version": TO_VERSION},
-        "upgradePolicy": {"maxUnavailable": MAX_UNAVAILABLE},
-        "podAnnotations": {SIM_MESSAGE: success_message(TO_VERSION)},
-    }});
-    let gd = gds
-        .patch("bench", &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(|e| format!("patching the GpuDriver: {e}"))?;
+    initial_view(&mut events, &spec, &mut view, &mut history).await?;
+    let gd = new_driver_version(&gds).await?;
     let started = Instant::now();
     spec = gd.spec;
     let max_unavailable =
@@ -426,53 +504,14 @@ async fn upgrade(client: &Client, nodes: usize, timeout: Duration) -> Result<Upg
                 }
             }
         }
-        let busy = view.values().filter(|s| s.busy).count();
-        let unready = view.values().filter(|s| s.unready).count();
-        run.upgraded = view.values().filter(|s| s.done).count();
-        run.max_concurrent = run.max_concurrent.max(busy);
-        run.max_unready = run.max_unready.max(unready);
-        if busy > max_unavailable as usize && !warned {
-            warned = true;
-            eprintln!(
-                "WARNING: {busy} nodes upgrading or cordoned at once, \
-                 more than maxUnavailable {max_unavailable}"
-            );
-        }
-        if (run.upgraded, busy, unready) != last {
-            eprintln!(
-                "{:>7.1}s  {}/{nodes} nodes upgraded, {busy} upgrading or cordoned, \
-                 {unready} without the ready label",
-                started.elapsed().as_secs_f64(),
-                run.upgraded,
-            );
-            last = (run.upgraded, busy, unready);
-        }
+        progress(&view, &mut run, (&mut last, &mut warned), nodes, started);
         if run.upgraded >= nodes {
             run.seconds = Some(started.elapsed().as_secs_f64());
             break;
         }
     }
     if run.seconds.is_none() {
-        let mut tally: BTreeMap<&str, usize> = BTreeMap::new();
-        for s in view.values() {
-            *tally.entry(s.what.as_str()).or_default() += 1;
-        }
-        eprintln!("upgrade did not converge; nodes by state:");
-        for (what, n) in tally {
-            eprintln!("  {n:>6}  {what}");
-        }
-        let mut stuck: Vec<&String> = view
-            .iter()
-            .filter(|(_, s)| !s.done)
-            .map(|(n, _)| n)
-            .collect();
-        stuck.sort();
-        for name in stuck.iter().take(5) {
-            eprintln!("node {name} (seconds since the change; 0: before it):");
-            for (at, what) in history.get(*name).into_iter().flatten() {
-                eprintln!("  {at:>7.2}s  {what}");
-            }
-        }
+        report_stuck(&view, &history);
     }
     Ok(run)
 }
@@ -489,6 +528,75 @@ async fn stop_operator(
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
 }
+
+/// The operator under test, or the naive baseline, until `stop`.
+fn spawn_operator(
+    a: &Args,
+    client: &Client,
+    metrics: Arc<Metrics>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()> {
+    if a.naive {
+        tokio::spawn(naive::run(
+            client.clone(),
+            NS.into(),
+            Duration::from_secs(1),
+            metrics,
+            stop,
+        ))
+    } else {
+        tokio::spawn(controller::run(
+            client.clone(),
+            Options {
+                namespace: NS.into(),
+                instance: "bench".into(),
+                status_interval: Duration::from_secs(2),
+            },
+            metrics.clone(),
+            stop,
+        ))
+    }
+}
+
+/// The driver upgrade after the install converged, with its own counts;
+/// stops the operator at its end.
+async fn upgrade_phase(
+    client: &Client,
+    a: &Args,
+    metrics: &Metrics,
+    own: u64,
+    after: &BTreeMap<String, f64>,
+    operator: Operator,
+) -> Result<serde_json::Value, String> {
+    let round = |x: f64| (x * 100.0).round() / 100.0;
+    let per_node = |x: f64| round(x / a.nodes as f64);
+    let run = upgrade(client, a.nodes, Duration::from_secs(a.timeout)).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_operator(operator).await;
+    let end = request_totals(client).await?;
+    let (w, by) = operator_writes(after, &end);
+    Ok(json!({
+        "nodes": a.nodes,
+        "fromVersion": FROM_VERSION,
+        "toVersion": TO_VERSION,
+        "maxUnavailable": run.max_unavailable,
+        "maxUnavailableSpec": MAX_UNAVAILABLE,
+        "seconds": run.seconds.map(round),
+        "upgradedNodes": run.upgraded,
+        "writesPerNode": per_node(w),
+        "readsPerNode": per_node(reads(after, &end)),
+        "maxConcurrent": run.max_concurrent,
+        "maxUnready": run.max_unready,
+        "apiserverWrites": by,
+        "clientWrites": metrics.total("gpu_driver_api_writes_total") - own,
+    }))
+}
+
+/// The running operator: how to stop it, and its task.
+type Operator = Option<(
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+)>;
 
 #[tokio::main]
 async fn main() -> Result<(), String> {
@@ -512,26 +620,7 @@ async fn main() -> Result<(), String> {
         let _ = rx.await;
     };
     let started = Instant::now();
-    let task = if a.naive {
-        tokio::spawn(naive::run(
-            client.clone(),
-            NS.into(),
-            Duration::from_secs(1),
-            metrics.clone(),
-            stop,
-        ))
-    } else {
-        tokio::spawn(controller::run(
-            client.clone(),
-            Options {
-                namespace: NS.into(),
-                instance: "bench".into(),
-                status_interval: Duration::from_secs(2),
-            },
-            metrics.clone(),
-            stop,
-        ))
-    };
+    let task = spawn_operator(&a, &client, metrics.clone(), stop);
     let mut operator = Some((tx, task));
     let mut converged = None;
     let mut last = 0;
@@ -569,26 +658,7 @@ async fn main() -> Result<(), String> {
     // The upgrade phase, counted from the install phase's end.
     let mut up = serde_json::Value::Null;
     if upgrading {
-        let run = upgrade(&client, a.nodes, Duration::from_secs(a.timeout)).await?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        stop_operator(operator.take()).await;
-        let end = request_totals(&client).await?;
-        let (w, by) = operator_writes(&after, &end);
-        up = json!({
-            "nodes": a.nodes,
-            "fromVersion": FROM_VERSION,
-            "toVersion": TO_VERSION,
-            "maxUnavailable": run.max_unavailable,
-            "maxUnavailableSpec": MAX_UNAVAILABLE,
-            "seconds": run.seconds.map(round),
-            "upgradedNodes": run.upgraded,
-            "writesPerNode": per_node(w),
-            "readsPerNode": per_node(reads(&after, &end)),
-            "maxConcurrent": run.max_concurrent,
-            "maxUnready": run.max_unready,
-            "apiserverWrites": by,
-            "clientWrites": metrics.total("gpu_driver_api_writes_total") - own,
-        });
+        up = upgrade_phase(&client, &a, &metrics, own, &after, operator.take()).await?;
     } else if !a.naive && a.upgrade {
         eprintln!("upgrade: skipped, the install did not converge");
     }

@@ -1,0 +1,335 @@
+//! Rolling driver upgrades: a few nodes at a time, cordoned and drained
+//! of GPU pods before their install Job.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, EvictParams, ListParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+
+use super::expect::{Kind, Slot};
+use super::patch::{Change, NodeAnnotations, NodePatch, NodeSpecPatch, failure_patch};
+use super::{Context, Error, driver_for, facts};
+use crate::crd::GpuDriver;
+use crate::decide::{self, DrainStep, NodeFacts, UpgradeState};
+use crate::keys;
+
+/// The pods on `node` that use an NVIDIA device plugin resource and have
+/// not ended.
+async fn gpu_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>, Error> {
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let list = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(|e| Error::Kube(format!("listing the pods on node {node}"), e))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .filter(uses_gpu)
+        .collect())
+}
+
+/// Does any container of the pod request or limit an `nvidia.com/*`
+/// resource?
+pub(crate) fn uses_gpu(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .any(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flat_map(|m| m.keys())
+                .any(|k| decide::is_gpu_resource(k))
+        })
+}
+
+impl Context {
+    /// The roll of `gd`'s nodes: (maxUnavailable as a count, nodes in
+    /// progress, the node it stopped at).
+    fn roll(&self, gd: &GpuDriver) -> (u32, HashSet<String>, Option<String>) {
+        let drivers = self.drivers.state();
+        let owner = gd.name_any();
+        let mut gpu_nodes = 0u32;
+        let mut busy = HashSet::new();
+        let mut stopped = None;
+        for n in self.nodes.state().iter() {
+            let f = facts(n);
+            if driver_for(&drivers, &f).is_none_or(|d| d.name_any() != owner) {
+                continue;
+            }
+            if decide::gpu_presence(&gd.spec, &f) == decide::Gpu::Yes {
+                gpu_nodes += 1;
+            }
+            let st = UpgradeState::of(&f);
+            if st.in_progress() {
+                busy.insert(f.name.clone());
+            }
+            if st == UpgradeState::Failed && stopped.is_none() {
+                stopped = Some(f.name.clone());
+            }
+        }
+        let max = decide::max_unavailable(&gd.spec.upgrade_policy.max_unavailable, gpu_nodes);
+        (max, busy, stopped)
+    }
+
+    /// Takes an upgrade slot for `node` if one is free and the roll is not
+    /// stopped; the count and the reservation are one step under the
+    /// expectations' lock, so that concurrent reconciles never overshoot.
+    fn reserve_upgrade(&self, gd: &GpuDriver, node: &str) -> Slot {
+        let (max, busy, stopped) = self.roll(gd);
+        self.expect()
+            .reserve_upgrade(node, busy, max, stopped.is_some())
+    }
+
+    /// An upgrade ended (installed, or the node left): wake nodes waiting
+    /// for a slot.
+    pub(super) fn upgrade_done(&self, node: &str) {
+        let picked = self.expect().upgrade_done(node);
+        for name in picked {
+            let _ = self.wake.send(ObjectRef::new(&name));
+        }
+    }
+}
+
+/// One step of a node's driver upgrade. `None`: drained, go install;
+/// `Some(action)`: not yet (no slot, still draining, failed).
+pub(super) async fn upgrade(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    key: &str,
+) -> Result<Option<Action>, Error> {
+    let f = facts(node);
+    let name = f.name.clone();
+    let policy = &gd.spec.upgrade_policy;
+    let now = Timestamp::now();
+    let state = UpgradeState::of(&f);
+    if state == UpgradeState::Installing {
+        return Ok(None);
+    }
+    if state == UpgradeState::Idle {
+        return start_upgrade(ctx, gd, node).await;
+    }
+    // Draining, or Failed with its backoff over (plan() held it back
+    // until then): drain (again).
+    let pods = gpu_pods(ctx, &name).await?;
+    let started = if state == UpgradeState::Failed {
+        None
+    } else {
+        decide::upgrade_started(&f)
+    };
+    match decide::drain_step(policy, pods.len(), started, now.as_second()) {
+        DrainStep::Install => {
+            let patch = NodePatch::annotations(NodeAnnotations {
+                upgrade: Change::Set(UpgradeState::Installing),
+                ..Default::default()
+            });
+            ctx.patch_node(&name, &patch).await?;
+            ctx.event(
+                node,
+                EventType::Normal,
+                "UpgradeDrained",
+                "no GPU pod left on the node: installing".into(),
+            )
+            .await;
+            Ok(None)
+        }
+        DrainStep::Drain => {
+            if state == UpgradeState::Failed {
+                // A retry after the backoff: the drain's clock starts anew.
+                let patch = NodePatch::annotations(NodeAnnotations {
+                    upgrade: Change::Set(UpgradeState::Draining),
+                    upgrade_started: Change::Set(now.to_string()),
+                    ..Default::default()
+                });
+                ctx.patch_node(&name, &patch).await?;
+                ctx.event(
+                    node,
+                    EventType::Normal,
+                    "UpgradeRetry",
+                    format!("draining {} GPU pod(s) again", pods.len()),
+                )
+                .await;
+            }
+            if policy.evict {
+                evict(ctx, &name, &pods).await;
+            }
+            Ok(Some(Action::requeue(Duration::from_secs(2))))
+        }
+        DrainStep::TimedOut => drain_timed_out(ctx, gd, node, key, &pods).await.map(Some),
+    }
+}
+
+/// The drain took longer than `drainTimeoutSeconds`: the node's upgrade
+/// fails (counted for the backoff) and the roll stops there.
+async fn drain_timed_out(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+    key: &str,
+    pods: &[Pod],
+) -> Result<Action, Error> {
+    let f = facts(node);
+    let policy = &gd.spec.upgrade_policy;
+    let names: Vec<String> = pods
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .collect();
+    let message = format!(
+        "GPU pods still on the node after {}s{}: {}",
+        policy.drain_timeout_seconds,
+        if policy.evict {
+            " (evictions refused, e.g. by a PodDisruptionBudget)"
+        } else {
+            " (upgradePolicy.evict is false: waiting for them to end)"
+        },
+        names.join(", ")
+    );
+    let attempts = decide::failures(&f, key) + 1;
+    let mut patch = failure_patch(key, attempts, "DrainTimeout", &message, Timestamp::now());
+    patch.metadata.annotations.upgrade = Change::Set(UpgradeState::Failed);
+    ctx.patch_node(&f.name, &patch).await?;
+    ctx.event(
+        node,
+        EventType::Warning,
+        "UpgradeFailed",
+        format!("DrainTimeout: {message}; the roll stops here"),
+    )
+    .await;
+    ctx.metrics
+        .inc("gpu_driver_upgrades_total", &[("step", "failed")]);
+    let wait = decide::backoff_seconds(
+        attempts,
+        gd.spec.job.retry_base_seconds,
+        gd.spec.job.retry_max_seconds,
+    );
+    Ok(Action::requeue(Duration::from_secs(wait.max(1))))
+}
+
+/// The node's turn in the roll, if a slot is free: cordon it (unless
+/// someone else did), record the start, and go straight to installing when
+/// no GPU pod runs there.
+async fn start_upgrade(
+    ctx: &Context,
+    gd: &GpuDriver,
+    node: &Node,
+) -> Result<Option<Action>, Error> {
+    let f = facts(node);
+    let name = f.name.clone();
+    let now = Timestamp::now();
+    match ctx.reserve_upgrade(gd, &name) {
+        Slot::Reserved => {}
+        Slot::Started => return Ok(Some(Action::requeue(Duration::from_secs(2)))),
+        Slot::Full => return Ok(Some(Action::requeue(Duration::from_secs(30)))),
+    }
+    let pods = gpu_pods(ctx, &name).await?;
+    let cordon = !node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    let next = if pods.is_empty() {
+        UpgradeState::Installing
+    } else {
+        UpgradeState::Draining
+    };
+    let mut patch = NodePatch::annotations(NodeAnnotations {
+        upgrade: Change::Set(next),
+        upgrade_started: Change::Set(now.to_string()),
+        upgrade_cordoned: Change::Set(cordon.to_string()),
+        ..Default::default()
+    });
+    if f.labels.contains_key(keys::READY_LABEL) {
+        // Its turn: the ready label goes with the cordon.
+        patch.metadata.labels.ready = Change::Remove;
+    }
+    if cordon {
+        patch.spec = Some(NodeSpecPatch {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
+    }
+    if let Err(e) = ctx.patch_node(&name, &patch).await {
+        // Not started after all: the next reconcile may try again.
+        ctx.expect().forget(Kind::UpgradeStarted, &name);
+        return Err(e);
+    }
+    if cordon {
+        ctx.expect().expect(Kind::Cordoned, &name, "");
+    }
+    let note = started_note(gd, &f, cordon, pods.len());
+    ctx.event(node, EventType::Normal, "UpgradeStarted", note)
+        .await;
+    ctx.metrics
+        .inc("gpu_driver_upgrades_total", &[("step", "started")]);
+    Ok(match next {
+        UpgradeState::Installing => None,
+        _ => Some(Action::requeue(Duration::from_secs(1))),
+    })
+}
+
+/// The UpgradeStarted Event's note: from which driver to which, and
+/// whether this roll cordoned the node.
+fn started_note(gd: &GpuDriver, f: &NodeFacts, cordon: bool, pods: usize) -> String {
+    let from = f
+        .annotations
+        .get(keys::DRIVER_VERSION)
+        .cloned()
+        .unwrap_or_else(|| "unknown".into());
+    let to = gd
+        .spec
+        .driver
+        .version
+        .clone()
+        .unwrap_or_else(|| "the catalog's".into());
+    format!(
+        "driver {from} → {to} ({}): {}; {pods} GPU pod(s) to drain",
+        gd.spec.driver.flavor.as_str(),
+        if cordon {
+            "cordoned"
+        } else {
+            "already cordoned by someone else, left so"
+        },
+    )
+}
+
+/// Evicts each pod through the Eviction API, so that PodDisruptionBudgets
+/// decide; a refusal (429) is left for the next look.
+async fn evict(ctx: &Context, node: &str, pods: &[Pod]) {
+    for p in pods {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let ns = p.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        ctx.metrics.write("create", "pods/eviction");
+        match api.evict(&p.name_any(), &EvictParams::default()).await {
+            Ok(_) => tracing::info!("node {node}: evicted {ns}/{}", p.name_any()),
+            Err(kube::Error::Api(e)) if e.code == 429 => {
+                tracing::info!(
+                    "node {node}: eviction of {ns}/{} refused for now: {}",
+                    p.name_any(),
+                    e.message
+                );
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => tracing::warn!("node {node}: evicting {ns}/{}: {e}", p.name_any()),
+        }
+    }
+}

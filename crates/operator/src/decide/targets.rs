@@ -1,0 +1,274 @@
+//! Build targets: what a build Job compiles for, its key and Job name,
+//! and whether a node's install may start (the install gate).
+
+use super::{JobRole, NodeFacts, OsImage, is_dotted_version, job_name, short_hash};
+use crate::crd::GpuDriverSpec;
+
+/// What a build Job compiles for: the OS (it picks the builder image and
+/// the headers' repository), the kernel release and the architecture.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Target {
+    /// Normalized: `Garden Linux 1877.3` or `Debian GNU/Linux 12`.
+    pub os_image: String,
+    pub kernel: String,
+    /// Kubernetes' name: `amd64`, `arm64`.
+    pub arch: String,
+}
+
+impl Target {
+    fn new(os: &OsImage, kernel: &str, arch: &str) -> Option<Target> {
+        let os_image = match os {
+            OsImage::GardenLinux { version } => format!("Garden Linux {version}"),
+            OsImage::Debian { version } => format!("Debian GNU/Linux {version}"),
+            OsImage::Other(_) => return None,
+        };
+        let arch = if arch.is_empty() { "amd64" } else { arch };
+        (!kernel.is_empty()).then(|| Target {
+            os_image,
+            kernel: kernel.to_string(),
+            arch: arch.to_string(),
+        })
+    }
+
+    /// The node's target; `None` for an OS the installer has no build
+    /// recipe for, or a node that reports no kernel yet.
+    pub(crate) fn of_node(node: &NodeFacts) -> Option<Target> {
+        Target::new(&node.os(), &node.kernel, &node.arch)
+    }
+
+    /// A `spec.prebuild` entry's target; `None` when it names neither a
+    /// Garden Linux nor a Debian version.
+    pub(crate) fn of_prebuild(t: &crate::crd::PrebuildTarget) -> Option<Target> {
+        let os = match (&t.garden_linux_version, &t.debian_version) {
+            (Some(v), _) if is_dotted_version(v) => OsImage::GardenLinux {
+                version: v.to_string(),
+            },
+            (None, Some(v)) if is_dotted_version(v) => OsImage::Debian {
+                version: v.split('.').next().unwrap_or(v).to_string(),
+            },
+            _ => return None,
+        };
+        Target::new(&os, &t.kernel_release, &t.arch)
+    }
+
+    /// The facts the builder image rules match on.
+    pub(crate) fn facts(&self) -> NodeFacts {
+        NodeFacts {
+            kernel: self.kernel.clone(),
+            os_image: self.os_image.clone(),
+            arch: self.arch.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// The installer's `--os-id` and `--os-version`.
+    pub(crate) fn os_release(&self) -> (&'static str, String) {
+        match OsImage::parse(&self.os_image) {
+            OsImage::GardenLinux { version } => ("gardenlinux", version),
+            OsImage::Debian { version } => ("debian", version),
+            OsImage::Other(o) => ("unknown", o),
+        }
+    }
+}
+
+/// Build Jobs run when the GpuDriver has a cache to store into.
+pub(crate) fn builds_enabled(spec: &GpuDriverSpec) -> bool {
+    spec.cache.is_some()
+}
+
+/// The target's key under the current driver policy: a new driver version
+/// or flavor is a new target.
+pub(crate) fn target_key(spec: &GpuDriverSpec, t: &Target) -> String {
+    short_hash(&[
+        &t.os_image,
+        &t.kernel,
+        &t.arch,
+        spec.driver.version.as_deref().unwrap_or("auto"),
+        spec.driver.flavor.as_str(),
+    ])
+}
+
+/// The build Job's name: one per target and attempt, cluster-wide (a
+/// second operator or a restart finds the same name).
+pub(crate) fn build_job_name(t: &Target, key: &str, attempt: u32) -> String {
+    job_name(JobRole::Build, &t.kernel, key, attempt)
+}
+
+/// Where a target's artifact stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TargetPhase {
+    /// No build Job yet. The controller creates it at once (and answers
+    /// Building), so only the gate's tests see this one.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Pending,
+    Building,
+    /// In the store, with the sha256 the build Job reported.
+    Cached {
+        sha256: String,
+    },
+    /// The last build failed; the next one is due in `retry_in` seconds.
+    Failed {
+        reason: String,
+        message: String,
+        retry_in: u64,
+    },
+}
+
+/// May the node's install Job start, and how?
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Start it. `expect_sha256`: the artifact it must find in the cache;
+    /// `compile`: whether it may compile on a miss.
+    Go {
+        expect_sha256: Option<String>,
+        compile: bool,
+    },
+    /// The target's build Job has not finished.
+    Wait,
+    /// Nothing to install from, and compiling on the node is forbidden.
+    Refuse { reason: String, message: String },
+}
+
+/// The install gate for a node whose target is in `phase` (`None`: the
+/// node has no build target, e.g. an OS without a build recipe).
+pub(crate) fn install_gate(spec: &GpuDriverSpec, phase: Option<&TargetPhase>) -> Gate {
+    if !builds_enabled(spec) {
+        // No store to build into: the node compiles, as without build Jobs.
+        return Gate::Go {
+            expect_sha256: None,
+            compile: true,
+        };
+    }
+    let compile = spec.build.compile_on_node;
+    match phase {
+        Some(TargetPhase::Pending | TargetPhase::Building) => Gate::Wait,
+        Some(TargetPhase::Cached { sha256 }) => Gate::Go {
+            expect_sha256: Some(sha256.clone()),
+            compile,
+        },
+        Some(TargetPhase::Failed {
+            reason, message, ..
+        }) if !compile => Gate::Refuse {
+            reason: reason.clone(),
+            message: format!(
+                "the build Job failed ({message}) and compileOnNode is false; \
+                 the build is retried with backoff"
+            ),
+        },
+        None if !compile => Gate::Refuse {
+            reason: "NoBuildTarget".into(),
+            message: "no build Job can serve this node's OS (only Garden Linux and Debian \
+                      targets are built) and compileOnNode is false"
+                .into(),
+        },
+        Some(TargetPhase::Failed { .. }) | None => Gate::Go {
+            expect_sha256: None,
+            compile: true,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::tests::{gl_node, spec};
+
+    #[test]
+    fn targets_come_from_nodes_and_prebuild_entries_alike() {
+        let node = gl_node("Garden Linux 1877.3.1", "6.12.44-cloud-amd64");
+        let t = Target::of_node(&node).unwrap();
+        assert_eq!(t.os_image, "Garden Linux 1877.3.1");
+        assert_eq!(t.os_release(), ("gardenlinux", "1877.3.1".to_string()));
+        let p = Target::of_prebuild(&crate::crd::PrebuildTarget {
+            garden_linux_version: Some("1877.3.1".into()),
+            debian_version: None,
+            kernel_release: "6.12.44-cloud-amd64".into(),
+            arch: "amd64".into(),
+        })
+        .unwrap();
+        assert_eq!(p, t, "a prebuild entry is the same target as the node");
+        let s = spec();
+        assert_eq!(target_key(&s, &t), target_key(&s, &p));
+        let deb = Target::of_node(&gl_node(
+            "Debian GNU/Linux 12 (bookworm)",
+            "6.1.0-50-cloud-amd64",
+        ))
+        .unwrap();
+        assert_eq!(deb.os_release(), ("debian", "12".to_string()));
+        assert!(Target::of_node(&gl_node("Ubuntu 24.04", "6.8.0")).is_none());
+        // A new driver policy is a new target key and a new build Job.
+        let mut s2 = spec();
+        s2.driver.version = Some("580.95.05".into());
+        assert_ne!(target_key(&s, &t), target_key(&s2, &t));
+        let name = build_job_name(&t, &target_key(&s, &t), 0);
+        assert!(name.starts_with("gpu-build-6-12-44-cloud-amd64-"), "{name}");
+        assert!(name.len() <= 63);
+    }
+
+    #[test]
+    fn install_waits_for_the_build_and_carries_its_digest() {
+        let mut s = spec();
+        // No cache: nothing to build into, the node compiles.
+        assert_eq!(
+            install_gate(&s, Some(&TargetPhase::Building)),
+            Gate::Go {
+                expect_sha256: None,
+                compile: true
+            }
+        );
+        s.cache = Some(crate::crd::CacheSpec {
+            url: "s3://b/p".into(),
+            ..Default::default()
+        });
+        assert_eq!(install_gate(&s, Some(&TargetPhase::Pending)), Gate::Wait);
+        assert_eq!(install_gate(&s, Some(&TargetPhase::Building)), Gate::Wait);
+        let sha = "ab".repeat(32);
+        assert_eq!(
+            install_gate(
+                &s,
+                Some(&TargetPhase::Cached {
+                    sha256: sha.clone()
+                })
+            ),
+            Gate::Go {
+                expect_sha256: Some(sha.clone()),
+                compile: true
+            }
+        );
+        let failed = TargetPhase::Failed {
+            reason: "BuildFailed".into(),
+            message: "make: error".into(),
+            retry_in: 60,
+        };
+        // A failed build: the node compiles for itself if allowed ...
+        assert_eq!(
+            install_gate(&s, Some(&failed)),
+            Gate::Go {
+                expect_sha256: None,
+                compile: true
+            }
+        );
+        // ... and is refused with the build's reason if not.
+        s.build.compile_on_node = false;
+        assert!(matches!(
+            install_gate(&s, Some(&failed)),
+            Gate::Refuse { reason, .. } if reason == "BuildFailed"
+        ));
+        assert_eq!(
+            install_gate(
+                &s,
+                Some(&TargetPhase::Cached {
+                    sha256: sha.clone()
+                })
+            ),
+            Gate::Go {
+                expect_sha256: Some(sha),
+                compile: false
+            }
+        );
+        assert!(matches!(
+            install_gate(&s, None),
+            Gate::Refuse { reason, .. } if reason == "NoBuildTarget"
+        ));
+    }
+}

@@ -1,0 +1,237 @@
+//! The Job pods: the privileged install/detect pod pinned to its node,
+//! and the unprivileged, scheduled build pod.
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvFromSource, PodSecurityContext, PodSpec,
+    SeccompProfile, SecretEnvSource, SecurityContext, Toleration, Volume, VolumeMount,
+};
+
+use super::{
+    INSTALLER_DIR, INSTALLER_IN_IMAGE, INSTALLER_PATH, JobRequest, SERVICE_ACCOUNT, installer_args,
+};
+use crate::crd::GpuDriver;
+use crate::decide::JobRole;
+use crate::outcome::MAIN_CONTAINER;
+
+/// The emptyDir the init container fills and the installer runs from.
+const VOLUME: &str = "installer";
+
+pub(super) fn pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
+    if req.role == JobRole::Build {
+        return build_pod_spec(gd, req);
+    }
+    let spec = &gd.spec;
+    PodSpec {
+        node_name: Some(req.node.to_string()),
+        host_pid: Some(true),
+        restart_policy: Some("Never".into()),
+        service_account_name: Some(SERVICE_ACCOUNT.into()),
+        automount_service_account_token: Some(false),
+        priority_class_name: Some("system-node-critical".into()),
+        tolerations: Some(tolerations(gd)),
+        image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+            .then(|| spec.image_pull_secrets.clone()),
+        init_containers: Some(vec![copy_container(gd)]),
+        containers: vec![installer_container(gd, req)],
+        volumes: Some(vec![Volume {
+            name: VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// Where `prebuild` keeps the package, the headers and the build tree:
+/// the build pod's root filesystem is read-only.
+const BUILD_CACHE_DIR: &str = "/var/cache/gpu-driver";
+const BUILD_SCRATCH: &str = "scratch";
+const BUILD_TMP: &str = "tmp";
+/// nobody: the build needs no privilege at all.
+const BUILD_UID: i64 = 65534;
+
+/// A build Job's pod: scheduled (no nodeName) onto a node of the target's
+/// architecture, no hostPID, no host mount, not privileged, non-root with
+/// every capability dropped; the installer is copied in as for installs.
+fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
+    let spec = &gd.spec;
+    let mut node_selector = spec.build.node_selector.clone();
+    if let Some(t) = req.target {
+        node_selector.insert("kubernetes.io/arch".into(), t.arch.clone());
+    }
+    let empty = |name: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    let main = Container {
+        name: MAIN_CONTAINER.into(),
+        image: Some(req.image.to_string()),
+        command: Some(vec![INSTALLER_PATH.into()]),
+        args: Some(installer_args(gd, req)),
+        env_from: secret_env(
+            spec.cache
+                .as_ref()
+                .and_then(|c| c.write_secret_name.clone()),
+        ),
+        volume_mounts: Some(vec![
+            mount(VOLUME, INSTALLER_DIR, true),
+            mount(BUILD_SCRATCH, BUILD_CACHE_DIR, false),
+            mount(BUILD_TMP, "/tmp", false),
+        ]),
+        security_context: Some(unprivileged()),
+        termination_message_path: Some("/dev/termination-log".into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    PodSpec {
+        node_selector: Some(node_selector),
+        host_pid: Some(false),
+        restart_policy: Some("Never".into()),
+        service_account_name: Some(SERVICE_ACCOUNT.into()),
+        automount_service_account_token: Some(false),
+        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+            .then(|| spec.image_pull_secrets.clone()),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(BUILD_UID),
+            run_as_group: Some(BUILD_UID),
+            fs_group: Some(BUILD_UID),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        init_containers: Some(vec![copy_container(gd)]),
+        containers: vec![main],
+        volumes: Some(vec![empty(VOLUME), empty(BUILD_SCRATCH), empty(BUILD_TMP)]),
+        ..Default::default()
+    }
+}
+
+/// Non-root, no privilege escalation, no capability, read-only root.
+fn unprivileged() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(BUILD_UID),
+        privileged: Some(false),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn tolerations(gd: &GpuDriver) -> Vec<Toleration> {
+    let spec = &gd.spec;
+    let mut tolerations: Vec<Toleration> = spec.tolerations.clone();
+    if let Some(t) = &spec.startup_taint {
+        tolerations.push(Toleration {
+            key: Some(t.clone()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        });
+    }
+    // The node is not "ready" for GPU workloads yet; the Job must run there
+    // anyway, and a NoExecute taint must not evict it half-way.
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
+        tolerations.push(Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        });
+    }
+    tolerations
+}
+
+/// Init container `copy-installer`: the static installer copies itself
+/// from the installer image into the emptyDir, unprivileged.
+fn copy_container(gd: &GpuDriver) -> Container {
+    Container {
+        name: "copy-installer".into(),
+        image: Some(gd.spec.installer_image.clone()),
+        command: Some(vec![
+            INSTALLER_IN_IMAGE.into(),
+            "copy-self".into(),
+            INSTALLER_PATH.into(),
+        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: VOLUME.into(),
+            mount_path: INSTALLER_DIR.into(),
+            ..Default::default()
+        }]),
+        security_context: Some(SecurityContext {
+            privileged: None,
+            ..unprivileged()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Container `installer`: the copied installer in the job's image (the
+/// builder image for install, the installer image for detect).
+fn installer_container(gd: &GpuDriver, req: &JobRequest<'_>) -> Container {
+    Container {
+        name: MAIN_CONTAINER.into(),
+        image: Some(req.image.to_string()),
+        command: Some(vec![INSTALLER_PATH.into()]),
+        args: Some(installer_args(gd, req)),
+        env_from: cache_credentials(gd, req.role),
+        volume_mounts: Some(vec![VolumeMount {
+            name: VOLUME.into(),
+            mount_path: INSTALLER_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        // finit_module, mknod and /dev/kmsg need it; detect only reads
+        // /proc/1/root, which hostPID and root already allow.
+        security_context: Some(SecurityContext {
+            privileged: Some(req.role == JobRole::Install),
+            ..Default::default()
+        }),
+        termination_message_path: Some("/dev/termination-log".into()),
+        // The installer writes its result there; if it crashed before that,
+        // the log tail is the next best thing.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    }
+}
+
+/// The cache's read-only credentials Secret as environment, for install
+/// Jobs only (detect never touches the cache; build Jobs get the write
+/// Secret instead).
+fn cache_credentials(gd: &GpuDriver, role: JobRole) -> Option<Vec<EnvFromSource>> {
+    secret_env(
+        gd.spec
+            .cache
+            .as_ref()
+            .and_then(|c| c.secret_name.clone())
+            .filter(|_| role == JobRole::Install),
+    )
+}
+
+fn secret_env(name: Option<String>) -> Option<Vec<EnvFromSource>> {
+    name.map(|name| {
+        vec![EnvFromSource {
+            secret_ref: Some(SecretEnvSource {
+                name,
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }]
+    })
+}
