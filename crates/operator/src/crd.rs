@@ -11,8 +11,6 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::decide::UpgradeState;
-
 /// Desired driver installation for the nodes that `nodeSelector` matches.
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -482,4 +480,17 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
         "{header}{}",
         serde_yaml::to_string(&GpuDriver::crd())?
     ))
+}
+
+str_enum! {
+    /// The node's upgrade state: its annotation's value, and
+    /// `status.nodes[].upgrade` (where Idle reads Waiting; the annotation
+    /// is never written so).
+    pub enum UpgradeState {
+        /// Not started (waiting for a slot, or no upgrade).
+        Idle = "Waiting",
+        Draining = "Draining",
+        Installing = "Installing",
+        Failed = "Failed",
+    }
 }

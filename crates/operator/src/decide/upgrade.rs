@@ -2,6 +2,7 @@
 //! once, and when a drain is over.
 
 use super::{NodeFacts, verified_driver_loaded};
+pub use crate::crd::UpgradeState;
 use crate::keys;
 
 /// Does this node run a verified driver of an older policy (version or
@@ -10,19 +11,6 @@ use crate::keys;
 /// reinstalls at once, as always.
 pub(crate) fn needs_upgrade(node: &NodeFacts, key: &str) -> bool {
     node.annotation(keys::KEY).is_some_and(|k| k != key) && verified_driver_loaded(node)
-}
-
-str_enum! {
-    /// The node's upgrade state: its annotation's value, and
-    /// `status.nodes[].upgrade` (where Idle reads Waiting; the annotation
-    /// is never written so).
-    pub enum UpgradeState {
-        /// Not started (waiting for a slot, or no upgrade).
-        Idle = "Waiting",
-        Draining = "Draining",
-        Installing = "Installing",
-        Failed = "Failed",
-    }
 }
 
 impl UpgradeState {
