@@ -1,5 +1,5 @@
 //! The GpuDriver admission policy (deploy/admission-policy.yaml) in a real
-//! kube-apiserver (tests/support/cluster.rs). Whoever may write a GpuDriver
+//! kube-apiserver (tests/it/support/cluster.rs). Whoever may write a GpuDriver
 //! is root on every node it selects; the policy holds GpuDrivers to the
 //! images, cache and installer flags the cluster owner allows. Without the
 //! policy the apiserver admits every GpuDriver below (checked first, so a

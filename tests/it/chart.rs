@@ -4,7 +4,7 @@
 //! and exporter as the kustomization under deploy/ (parsed objects compared,
 //! so the two cannot drift), is accepted by a real kube-apiserver
 //! (server-side dry run, then a real `helm install` and `helm uninstall`;
-//! tests/support/cluster.rs), and its Grafana dashboard is valid against
+//! tests/it/support/cluster.rs), and its Grafana dashboard is valid against
 //! Grafana's dashboard JSON schema (tests/fixtures/grafana) and queries only
 //! metrics the operator and the exporter export. Fails (does not skip) under
 //! CI=true without helm or the cluster binaries.
@@ -652,7 +652,7 @@ fn schema_errors(v: &jsonschema::Validator, instance: &Json) -> Vec<String> {
 /// panels' options by their plugins' schemas and its queries by the
 /// Prometheus data source's; the layout fits Grafana's 24-column grid
 /// without overlaps; every query names metrics that gpu-driver-operator
-/// (src/operator/metrics.rs) or gpu-driver-exporter (src/exporter/metrics.rs)
+/// (crates/operator/src/metrics.rs) or gpu-driver-exporter (crates/exporter/src/metrics.rs)
 /// export, and only variables the dashboard defines.
 #[test]
 fn dashboard_is_valid_grafana_json_over_our_metrics() {
@@ -683,7 +683,7 @@ fn dashboard_is_valid_grafana_json_over_our_metrics() {
         .collect();
     assert!(variables.contains("datasource"), "{variables:?}");
     let operator_metrics = gpu_driver_operator::metrics::Metrics::default().render();
-    let exporter_source = read("src/exporter/metrics.rs");
+    let exporter_source = read("crates/exporter/src/metrics.rs");
     let mut ids = BTreeSet::new();
     let mut cells = BTreeSet::new();
     let mut metrics_seen = BTreeSet::new();
@@ -740,7 +740,7 @@ fn dashboard_is_valid_grafana_json_over_our_metrics() {
             if word.starts_with("DCGM_FI_") || word.starts_with("gpu_driver_exporter_") {
                 assert!(
                     exporter_source.contains(&format!("\"{word}\"")),
-                    "{where_}: {word} is not a metric of src/exporter/metrics.rs"
+                    "{where_}: {word} is not a metric of crates/exporter/src/metrics.rs"
                 );
                 metrics_seen.insert(word.to_string());
             } else if word.starts_with("gpu_driver_") {

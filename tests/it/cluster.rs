@@ -1,4 +1,4 @@
-//! The test harness's real control plane (tests/support/cluster.rs): the
+//! The test harness's real control plane (tests/it/support/cluster.rs): the
 //! apiserver answers over TLS with the harness's CA and token, KWOK turns a
 //! new Node Ready keeping its nodeInfo, and a Job pinned to that node runs a
 //! pod that completes with the termination message (or exit code) the test

@@ -1,7 +1,7 @@
 //! install, uninstall, verify and run through the binary, on paths that
 //! never load anything into the machine running the tests: refusals before
 //! any load, verify without nvidia-smi, run on a node without a GPU. The
-//! loads themselves are tested in a VM (`scripts/vm-test`, `tests/vm.rs`).
+//! loads themselves are tested in a VM (`scripts/vm-test`, `tests/it/vm.rs`).
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -1,4 +1,4 @@
-//! The operator against a real control plane (tests/support/cluster.rs:
+//! The operator against a real control plane (tests/it/support/cluster.rs:
 //! etcd, kube-apiserver, the Job controller, KWOK): the deploy/ manifests
 //! are accepted, GPU nodes get pinned Jobs whose pods end with the
 //! installer's own result documents as termination messages, and the nodes
@@ -234,7 +234,7 @@ fn yaml_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
 /// included), and the kustomization's rendering, pass a server-side dry run
 /// on a real apiserver: its schemas, defaulting and admission. The CRD and
 /// RBAC are applied first, so the GpuDriver example meets its CRD. Helm
-/// values files are not manifests (tests/operator_manifests.rs checks them
+/// values files are not manifests (tests/it/operator_manifests.rs checks them
 /// against the charts they are for).
 #[test]
 fn manifests_are_accepted_by_the_apiserver() {

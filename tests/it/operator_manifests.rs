@@ -1,6 +1,6 @@
 //! deploy/ without a cluster: the generated files have not drifted from the
 //! Rust types, every manifest parses into its Kubernetes type, and the RBAC
-//! is what docs/operator.md promises (tests/operator.rs also has the real
+//! is what docs/operator.md promises (tests/it/operator.rs also has the real
 //! apiserver accept them).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -262,7 +262,7 @@ fn admission_policy_is_bound_and_fails_closed(
 }
 
 /// The exporter's DaemonSet (deploy/exporter.yaml; the chart renders the
-/// same, tests/chart.rs): only on nodes with a verified driver, not
+/// same, tests/it/chart.rs): only on nodes with a verified driver, not
 /// privileged, no host namespaces, no API token, no capabilities, a
 /// read-only root, and the host only through the NVIDIA runtime class and
 /// two read-only mounts (docs/chart.md, "The exporter").
