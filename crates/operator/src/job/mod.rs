@@ -309,7 +309,7 @@ pub enum NoJob {
 }
 
 /// Which Job `job-template` prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TemplateKind {
     Install,
     Build,
