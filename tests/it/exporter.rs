@@ -9,7 +9,8 @@
 //!   socket, as the kubelet's PodResources API: allocations through the
 //!   binary, and the per-pod labels through the library with fixture GPU
 //!   readings; a missing and a dead socket reported as PodResources down;
-//! - every `/metrics` body parsed back as Prometheus' text format.
+//! - every `/metrics` body parsed back as OpenMetrics text (Prometheus'
+//!   text format with `_total` counter samples and a final `# EOF`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -144,9 +145,17 @@ fn parse_exposition(text: &str) -> Result<(Vec<Sample>, BTreeMap<String, String>
         }
         Ok(())
     };
+    let mut eof = false;
     for (n, line) in text.lines().enumerate() {
         let at = |e: String| format!("line {}: {e}: {line}", n + 1);
         if line.is_empty() {
+            continue;
+        }
+        if eof {
+            return Err(at("after # EOF".into()));
+        }
+        if line == "# EOF" {
+            eof = true;
             continue;
         }
         if let Some(rest) = line.strip_prefix("# ") {
@@ -179,16 +188,42 @@ fn parse_exposition(text: &str) -> Result<(Vec<Sample>, BTreeMap<String, String>
             continue;
         }
         let s = parse_sample(line).map_err(at)?;
-        if !types.contains_key(&s.name) {
+        let Some(family) = family_of(&s.name, &types) else {
             return Err(at("sample without a TYPE before it".into()));
-        }
-        enter(&s.name, &mut current).map_err(at)?;
+        };
+        enter(&family, &mut current).map_err(at)?;
         if !series.insert((s.name.clone(), format!("{:?}", s.labels))) {
             return Err(at("series twice".into()));
         }
         samples.push(s);
     }
+    // Types by sample name too: `x_total` is a sample of counter `x`.
+    for s in &samples {
+        if let Some(family) = family_of(&s.name, &types) {
+            let kind = types[&family].clone();
+            types.entry(s.name.clone()).or_insert(kind);
+        }
+    }
     Ok((samples, types))
+}
+
+/// The family a sample belongs to: its own name, or in OpenMetrics a
+/// counter's `_total` or a histogram's `_bucket`, `_sum` and `_count`.
+fn family_of(sample: &str, types: &BTreeMap<String, String>) -> Option<String> {
+    if types.contains_key(sample) {
+        return Some(sample.to_string());
+    }
+    let suffixes: &[(&str, &[&str])] = &[
+        ("_total", &["counter"]),
+        ("_bucket", &["histogram"]),
+        ("_sum", &["histogram", "summary"]),
+        ("_count", &["histogram", "summary"]),
+    ];
+    suffixes.iter().find_map(|(suffix, kinds)| {
+        let base = sample.strip_suffix(suffix)?;
+        let kind = types.get(base)?;
+        kinds.contains(&kind.as_str()).then(|| base.to_string())
+    })
 }
 
 fn parse_ok(text: &str) -> (Vec<Sample>, BTreeMap<String, String>) {
@@ -218,6 +253,10 @@ fn the_format_checker_rejects_broken_text() {
     let ok = "# HELP a x\n# TYPE a gauge\na{l=\"v\\\"\\n\"} 1\na 2.5\n";
     let (s, _) = parse_ok(ok);
     assert_eq!(s[0].labels["l"], "v\"\n");
+    // OpenMetrics: a counter family's samples end in _total; # EOF last.
+    let (s, types) = parse_ok("# HELP c x\n# TYPE c counter\nc_total 3\n# EOF\n");
+    assert_eq!((s[0].name.as_str(), s[0].value), ("c_total", 3.0));
+    assert_eq!(types["c_total"], "counter");
     for bad in [
         "a 1\n",
         "# TYPE a gauge\na{l=\"v} 1\n",
@@ -227,6 +266,8 @@ fn the_format_checker_rejects_broken_text() {
         "# TYPE a gauge\na one\n",
         "# TYPE a gauge\na{l=\"\\x\"} 1\n",
         "# TYPE a sometimes\n",
+        "# TYPE a gauge\na_total 1\n",
+        "# TYPE a gauge\na 1\n# EOF\na 2\n",
     ] {
         assert!(parse_exposition(bad).is_err(), "accepted: {bad}");
     }
