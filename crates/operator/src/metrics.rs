@@ -96,6 +96,7 @@ impl EncodeLabelValue for Value {
 }
 
 type Labels = Vec<(String, Value)>;
+type GaugeFamily = Family<Labels, Gauge<f64, AtomicU64>>;
 
 /// A family written with its HELP and TYPE even before its first series
 /// (prometheus-client leaves empty families out): Prometheus' metadata and
@@ -135,7 +136,7 @@ struct CounterFamily {
 pub struct Metrics {
     registry: Registry,
     counters: Vec<CounterFamily>,
-    gauges: Vec<(&'static str, Family<Labels, Gauge<f64, AtomicU64>>)>,
+    gauges: Vec<(&'static str, GaugeFamily)>,
     duration: Histogram,
     /// Held while [`Metrics::set_all`] replaces a gauge's series and while
     /// encoding, so that a scrape never sees the gauge half replaced.
@@ -161,7 +162,7 @@ impl Default for Metrics {
         let gauges = GAUGES
             .iter()
             .map(|(name, h)| {
-                let series = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+                let series = GaugeFamily::default();
                 registry.register(*name, help(h), Declared(series.clone()));
                 (*name, series)
             })
@@ -191,7 +192,7 @@ impl Metrics {
         c
     }
 
-    fn gauge(&self, name: &str) -> Option<&Family<Labels, Gauge<f64, AtomicU64>>> {
+    fn gauge(&self, name: &str) -> Option<&GaugeFamily> {
         let g = self.gauges.iter().find(|(n, _)| *n == name).map(|(_, g)| g);
         if g.is_none() {
             tracing::debug!("no gauge {name}: not set");
