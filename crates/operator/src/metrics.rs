@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 const BUCKETS: &[f64] = &[5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
 
 /// OpenMetrics, what prometheus-client writes.
-pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A client that sends no complete request head in this time is dropped.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
