@@ -744,9 +744,14 @@ fn dashboard_is_valid_grafana_json_over_our_metrics() {
                 );
                 metrics_seen.insert(word.to_string());
             } else if word.starts_with("gpu_driver_") {
+                // OpenMetrics: a histogram's `_bucket` and a counter's
+                // `_total` are samples of the family without the suffix.
                 let family = word.strip_suffix("_bucket").unwrap_or(word);
+                let counter = word
+                    .strip_suffix("_total")
+                    .is_some_and(|c| operator_metrics.contains(&format!("# TYPE {c} counter\n")));
                 assert!(
-                    operator_metrics.contains(&format!("# TYPE {family} ")),
+                    counter || operator_metrics.contains(&format!("# TYPE {family} ")),
                     "{where_}: {word} is not a metric of gpu-driver-operator"
                 );
                 metrics_seen.insert(word.to_string());

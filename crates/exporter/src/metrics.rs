@@ -1,6 +1,6 @@
 //! What one scrape knows ([`Snapshot`]: per-GPU readings, the kubelet's
 //! device allocations, process owners, the exporter's own health) and its
-//! rendering in Prometheus' text exposition format 0.0.4. Pure: no NVML, no
+//! rendering in OpenMetrics text by prometheus-client. Pure: no NVML, no
 //! I/O, so fixtures and the benchmark go through the same code as a real
 //! scrape.
 //!
@@ -11,9 +11,14 @@
 //! for it work unchanged; docs/exporter.md cites the sources.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
+
+use prometheus_client::registry::Registry;
 
 use serde::{Deserialize, Serialize};
+
+use exposition::{Exposition, Labels};
+
+mod exposition;
 
 /// Framebuffer memory, in bytes (rendered in MiB as DCGM does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -338,63 +343,6 @@ const GPU_FIELDS: &[GpuField] = &[
     },
 ];
 
-/// Label value escaping of the text format: `\`, `"` and newlines.
-fn escape(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// `k="v"` pairs joined by commas.
-fn labels(pairs: &[(&str, &str)]) -> String {
-    let mut out = String::new();
-    for (k, v) in pairs {
-        if !out.is_empty() {
-            out.push(',');
-        }
-        let _ = write!(out, "{k}=\"{}\"", escape(v));
-    }
-    out
-}
-
-/// Sample values: integers without a fraction, the rest as Rust prints f64
-/// (never exponent notation, which the format would also accept).
-fn number(v: f64) -> String {
-    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
-    }
-}
-
-/// Rendered text, one family at a time.
-struct Out {
-    text: String,
-}
-
-impl Out {
-    fn family(&mut self, name: &str, kind: &str, help: &str, samples: &[(String, f64)]) {
-        if samples.is_empty() {
-            return;
-        }
-        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (l, v) in samples {
-            if l.is_empty() {
-                let _ = writeln!(self.text, "{name} {}", number(*v));
-            } else {
-                let _ = writeln!(self.text, "{name}{{{l}}} {}", number(*v));
-            }
-        }
-    }
-}
-
 /// The containers holding a device: by UUID, or by index when the device
 /// plugin reports indexes.
 fn holders<'a>(
@@ -412,58 +360,53 @@ fn holders<'a>(
 
 /// The DCGM label set of a GPU (or of one of its MIG instances), then
 /// `Hostname` and the driver version label, without pod labels.
-fn gpu_labels(snap: &Snapshot, g: &GpuReading, mig: Option<&MigReading>) -> Vec<(String, String)> {
+fn gpu_labels(snap: &Snapshot, g: &GpuReading, mig: Option<&MigReading>) -> Labels {
     let mut out = vec![
-        ("gpu".to_string(), g.index.to_string()),
-        ("UUID".to_string(), g.uuid.clone()),
-        ("pci_bus_id".to_string(), g.pci_bus_id.clone()),
-        ("device".to_string(), format!("nvidia{}", g.index)),
-        ("modelName".to_string(), g.model.clone()),
+        ("gpu", g.index.to_string()),
+        ("UUID", g.uuid.clone()),
+        ("pci_bus_id", g.pci_bus_id.clone()),
+        ("device", format!("nvidia{}", g.index)),
+        ("modelName", g.model.clone()),
     ];
     if let Some(m) = mig {
-        out.push(("GPU_I_PROFILE".to_string(), m.profile.clone()));
+        out.push(("GPU_I_PROFILE", m.profile.clone()));
         let id = m.gpu_instance_id.map(|i| i.to_string()).unwrap_or_default();
-        out.push(("GPU_I_ID".to_string(), id));
+        out.push(("GPU_I_ID", id));
     }
     if !snap.hostname.is_empty() {
-        out.push(("Hostname".to_string(), snap.hostname.clone()));
+        out.push(("Hostname", snap.hostname.clone()));
     }
     if let Some(d) = &snap.driver {
-        out.push((
-            "DCGM_FI_DRIVER_VERSION".to_string(),
-            d.driver_version.clone(),
-        ));
+        out.push(("DCGM_FI_DRIVER_VERSION", d.driver_version.clone()));
     }
     out
 }
 
-fn with_container(base: &[(String, String)], c: Option<&ContainerRef>) -> String {
-    let mut pairs: Vec<(&str, &str)> = base.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    if let Some(c) = c {
-        pairs.push(("container", &c.container));
-        pairs.push(("namespace", &c.namespace));
-        pairs.push(("pod", &c.pod));
-    }
-    labels(&pairs)
+fn push_container(labels: &mut Labels, c: &ContainerRef) {
+    labels.push(("container", c.container.clone()));
+    labels.push(("namespace", c.namespace.clone()));
+    labels.push(("pod", c.pod.clone()));
 }
 
 /// One series per container holding the device (DCGM's pod mapping), or one
 /// without pod labels when none does.
 fn per_holder(
-    out: &mut Vec<(String, f64)>,
-    base: &[(String, String)],
+    out: &mut Vec<(Labels, f64)>,
+    base: &Labels,
     holders: &BTreeSet<&ContainerRef>,
     v: f64,
 ) {
     if holders.is_empty() {
-        out.push((with_container(base, None), v));
+        out.push((base.clone(), v));
     }
     for c in holders {
-        out.push((with_container(base, Some(c)), v));
+        let mut l = base.clone();
+        push_container(&mut l, c);
+        out.push((l, v));
     }
 }
 
-fn render_gpu_fields(snap: &Snapshot, o: &mut Out) {
+fn render_gpu_fields(snap: &Snapshot, o: &mut Exposition) {
     let gpus: Vec<_> = snap
         .gpus
         .iter()
@@ -496,16 +439,16 @@ fn render_gpu_fields(snap: &Snapshot, o: &mut Out) {
                 }
             }
         }
-        o.family(f.name, f.kind, f.help, &samples);
+        o.family(f.name, f.kind, f.help, samples);
     }
 }
 
 /// GPU memory of processes summed per (GPU, MIG instance, pod, container);
 /// processes outside any pod go to their own family.
-fn render_processes(snap: &Snapshot, o: &mut Out) {
-    type Key<'a> = (String, Option<u32>, &'a str, Option<&'a ContainerRef>);
+fn render_processes(snap: &Snapshot, o: &mut Exposition) {
+    type Key<'a> = (Labels, Option<u32>, &'a str, Option<&'a ContainerRef>);
     let mut pods: BTreeMap<Key, f64> = BTreeMap::new();
-    let mut host: Vec<(String, f64)> = Vec::new();
+    let mut host: Vec<(Labels, f64)> = Vec::new();
     for g in &snap.gpus {
         let base = gpu_labels(snap, g, None);
         let mut outside = 0.0;
@@ -515,7 +458,7 @@ fn render_processes(snap: &Snapshot, o: &mut Out) {
             match snap.process_owners.get(&p.pid) {
                 Some(owner) => {
                     let key = (
-                        with_container(&base, None),
+                        base.clone(),
                         p.gpu_instance_id,
                         owner.pod_uid.as_str(),
                         owner.names.as_ref(),
@@ -530,27 +473,18 @@ fn render_processes(snap: &Snapshot, o: &mut Out) {
             }
         }
         if outside_seen {
-            host.push((with_container(&base, None), outside));
+            host.push((base, outside));
         }
     }
-    let samples: Vec<(String, f64)> = pods
+    let samples: Vec<(Labels, f64)> = pods
         .into_iter()
-        .map(|((base, gi, uid, names), v)| {
-            let mut l = base;
+        .map(|((mut l, gi, uid, names), v)| {
             if let Some(gi) = gi {
-                let _ = write!(l, ",GPU_I_ID=\"{gi}\"");
+                l.push(("GPU_I_ID", gi.to_string()));
             }
-            let _ = write!(l, ",pod_uid=\"{}\"", escape(uid));
+            l.push(("pod_uid", uid.to_string()));
             if let Some(c) = names {
-                let _ = write!(
-                    l,
-                    ",{}",
-                    labels(&[
-                        ("container", &c.container),
-                        ("namespace", &c.namespace),
-                        ("pod", &c.pod),
-                    ])
-                );
+                push_container(&mut l, c);
             }
             (l, v)
         })
@@ -559,76 +493,75 @@ fn render_processes(snap: &Snapshot, o: &mut Out) {
         "gpu_driver_exporter_container_gpu_memory_used_bytes",
         "gauge",
         "GPU memory used by the processes of one pod's container (pod names where the kubelet's container log links are readable).",
-        &samples,
+        samples,
     );
     o.family(
         "gpu_driver_exporter_host_gpu_memory_used_bytes",
         "gauge",
         "GPU memory used by processes that run in no pod.",
-        &host,
+        host,
     );
 }
 
-fn render_allocations(snap: &Snapshot, o: &mut Out) {
-    let samples: Vec<(String, f64)> = snap
+fn render_allocations(snap: &Snapshot, o: &mut Exposition) {
+    let samples: Vec<(Labels, f64)> = snap
         .allocations
         .iter()
         .collect::<BTreeSet<_>>()
         .into_iter()
         .map(|a| {
-            let mut pairs = vec![
-                ("resource", a.resource.as_str()),
-                ("device_id", &a.device_id),
+            let mut l = vec![
+                ("resource", a.resource.clone()),
+                ("device_id", a.device_id.clone()),
             ];
             if !snap.hostname.is_empty() {
-                pairs.push(("Hostname", &snap.hostname));
+                l.push(("Hostname", snap.hostname.clone()));
             }
-            pairs.push(("container", &a.container.container));
-            pairs.push(("namespace", &a.container.namespace));
-            pairs.push(("pod", &a.container.pod));
-            (labels(&pairs), 1.0)
+            push_container(&mut l, &a.container);
+            (l, 1.0)
         })
         .collect();
     o.family(
         "gpu_driver_exporter_pod_gpu_allocation",
         "gauge",
         "1 for each GPU or MIG device the kubelet assigned to a container (PodResources API).",
-        &samples,
+        samples,
     );
 }
 
-fn health_sample(h: &Health) -> (String, f64) {
-    match (&h.error, h.up) {
+fn health_sample(h: &Health) -> Vec<(Labels, f64)> {
+    let sample = match (&h.error, h.up) {
         (Some(e), false) => (
-            labels(&[(
+            vec![(
                 "error",
-                &gpu_driver_contract::text::truncate(e, MAX_ERROR_LABEL),
-            )]),
+                gpu_driver_contract::text::truncate(e, MAX_ERROR_LABEL).to_string(),
+            )],
             0.0,
         ),
-        (_, up) => (String::new(), f64::from(u8::from(up))),
-    }
+        (_, up) => (Vec::new(), f64::from(u8::from(up))),
+    };
+    vec![sample]
 }
 
-fn render_own(snap: &Snapshot, o: &mut Out) {
+fn render_own(snap: &Snapshot, o: &mut Exposition) {
     o.family(
         "gpu_driver_exporter_nvml_up",
         "gauge",
         "1 when NVML is loaded and initialized; 0 with the reason in the error label.",
-        &[health_sample(&snap.nvml)],
+        health_sample(&snap.nvml),
     );
     o.family(
         "gpu_driver_exporter_podresources_up",
         "gauge",
         "1 when the kubelet's PodResources API answered this scrape; 0 with the reason in the error label.",
-        &[health_sample(&snap.podresources)],
+        health_sample(&snap.podresources),
     );
     if snap.nvml.up {
         o.family(
             "gpu_driver_exporter_gpus",
             "gauge",
             "GPUs NVML reports.",
-            &[(String::new(), snap.gpus.len() as f64)],
+            vec![(Vec::new(), snap.gpus.len() as f64)],
         );
     }
     if let Some(d) = &snap.driver {
@@ -636,12 +569,12 @@ fn render_own(snap: &Snapshot, o: &mut Out) {
             "gpu_driver_exporter_driver_info",
             "gauge",
             "The driver, NVML and CUDA driver API versions NVML reports (value 1).",
-            &[(
-                labels(&[
-                    ("driver_version", &d.driver_version),
-                    ("nvml_version", &d.nvml_version),
-                    ("cuda_version", &d.cuda_version),
-                ]),
+            vec![(
+                vec![
+                    ("driver_version", d.driver_version.clone()),
+                    ("nvml_version", d.nvml_version.clone()),
+                    ("cuda_version", d.cuda_version.clone()),
+                ],
                 1.0,
             )],
         );
@@ -650,20 +583,23 @@ fn render_own(snap: &Snapshot, o: &mut Out) {
         "gpu_driver_exporter_scrape_duration_seconds",
         "gauge",
         "Time this scrape took to read NVML, the kubelet and /proc.",
-        &[(String::new(), snap.scrape_seconds)],
+        vec![(Vec::new(), snap.scrape_seconds)],
     );
 }
 
-/// The whole `/metrics` body.
+/// The whole `/metrics` body: OpenMetrics text, ending in `# EOF`.
 pub fn render(snap: &Snapshot) -> String {
-    let mut o = Out {
-        text: String::with_capacity(4096 + snap.gpus.len() * 6144),
-    };
+    let mut o = Exposition::default();
     render_gpu_fields(snap, &mut o);
     render_processes(snap, &mut o);
     render_allocations(snap, &mut o);
     render_own(snap, &mut o);
-    o.text
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(o));
+    let mut text = String::with_capacity(4096 + snap.gpus.len() * 6144);
+    // Writing into a String does not fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+    text
 }
 
 #[cfg(test)]
@@ -763,9 +699,35 @@ mod tests {
 
     #[test]
     fn numbers() {
-        assert_eq!(number(3.0), "3");
-        assert_eq!(number(312.5), "312.5");
-        assert_eq!(number(0.000123), "0.000123");
-        assert_eq!(number(1.5e300), format!("{}", 1.5e300));
+        let text = |v: f64| {
+            let mut s = snapshot();
+            s.scrape_seconds = v;
+            let t = render(&s);
+            let line = t
+                .lines()
+                .find(|l| l.starts_with("gpu_driver_exporter_scrape_duration_seconds "))
+                .unwrap_or_default()
+                .to_string();
+            line.rsplit(' ').next().unwrap_or_default().to_string()
+        };
+        assert_eq!(text(3.0), "3");
+        assert_eq!(text(312.5), "312.5");
+        assert_eq!(text(0.000123).parse::<f64>(), Ok(0.000123));
+        assert_eq!(text(1.5e300).parse::<f64>(), Ok(1.5e300));
+    }
+
+    #[test]
+    fn openmetrics_counters_and_eof() {
+        let mut s = snapshot();
+        s.gpus[0].energy_mj = Some(7);
+        s.gpus[0].xid = Some(XidCount { count: 2, last: 13 });
+        let text = render(&s);
+        // DCGM's counter keeps its name; ours gets `_total` from the family.
+        assert!(text.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"));
+        assert!(text.contains("\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu=\"0\","));
+        assert!(text.contains("# TYPE gpu_driver_exporter_xid_errors counter\n"));
+        assert!(text.contains("\ngpu_driver_exporter_xid_errors_total{gpu=\"0\","));
+        assert!(text.contains("\ngpu_driver_exporter_nvml_up 1\n"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
     }
 }

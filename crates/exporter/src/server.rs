@@ -1,158 +1,152 @@
-//! A minimal HTTP/1.1 responder for `/metrics` and `/healthz`: one request
-//! per connection, answered and closed. Prometheus needs nothing more, and
-//! an HTTP server stack would cost more memory than the exporter itself.
+//! `/metrics` and `/healthz` over HTTP/1.1: axum's router on hyper's
+//! connection builder, one request per connection. The builder bounds what
+//! a client may hold: the request head must arrive within
+//! [`HEADER_READ_TIMEOUT`] and fit in [`MAX_HEAD`] bytes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
 
 use super::scrape::Scraper;
 
-/// Longest request head read; a scrape's is a few hundred bytes.
+/// hyper's smallest read buffer; a scrape's head is a few hundred bytes.
 const MAX_HEAD: usize = 8192;
 /// A client that sends no complete head in this time is dropped.
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Prometheus' text exposition format.
-pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// OpenMetrics text, what prometheus-client writes (src/metrics.rs).
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// What a request asks for.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Route {
-    Metrics,
-    Health,
-    NotFound,
-    /// Anything but GET and HEAD.
-    BadMethod,
+fn text(status: StatusCode, body: &'static str) -> Response {
+    let ct = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    (status, ct, body).into_response()
 }
 
-/// The route and whether a body is wanted (HEAD wants none), from the
-/// request line of a head; `None` for what is not HTTP.
-pub fn route(head: &[u8]) -> Option<(Route, bool)> {
-    let line_end = head.windows(2).position(|w| w == b"\r\n")?;
-    let line = std::str::from_utf8(&head[..line_end]).ok()?;
-    let mut parts = line.split(' ');
-    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
-    if !version.starts_with("HTTP/1.") || parts.next().is_some() {
-        return None;
-    }
-    let path = target.split(['?', '#']).next().unwrap_or(target);
-    let body = method != "HEAD";
-    let r = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => Route::Metrics,
-        ("GET" | "HEAD", "/healthz") => Route::Health,
-        ("GET" | "HEAD", _) => Route::NotFound,
-        _ => Route::BadMethod,
-    };
-    Some((r, body))
+async fn metrics(State(scraper): State<Arc<Scraper>>) -> Response {
+    let ct = [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)];
+    (ct, scraper.scrape().await).into_response()
 }
 
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(buf);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.len() >= MAX_HEAD {
-            return Ok(buf);
-        }
-    }
+fn bad_method() -> Response {
+    text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed: use GET\n",
+    )
 }
 
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &str,
-    with_body: bool,
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    if with_body {
-        stream.write_all(body.as_bytes()).await?;
-    }
-    stream.shutdown().await
-}
-
-async fn handle(mut stream: TcpStream, scraper: Arc<Scraper>) -> std::io::Result<()> {
-    let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
-        Ok(h) => h?,
-        Err(_) => return Ok(()),
-    };
-    let text = "text/plain; charset=utf-8";
-    match route(&head) {
-        Some((Route::Metrics, body)) => {
-            let metrics = scraper.scrape().await;
-            respond(&mut stream, "200 OK", METRICS_CONTENT_TYPE, &metrics, body).await
-        }
-        Some((Route::Health, body)) => respond(&mut stream, "200 OK", text, "ok\n", body).await,
-        Some((Route::NotFound, body)) => {
-            let msg = "not found: this exporter serves /metrics and /healthz\n";
-            respond(&mut stream, "404 Not Found", text, msg, body).await
-        }
-        Some((Route::BadMethod, _)) => {
-            let msg = "method not allowed: use GET\n";
-            respond(&mut stream, "405 Method Not Allowed", text, msg, true).await
-        }
-        None => respond(&mut stream, "400 Bad Request", text, "bad request\n", true).await,
-    }
+/// GET and HEAD (axum answers HEAD without the body) of the two paths; 404
+/// for other paths, 405 for other methods.
+fn router(scraper: Arc<Scraper>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics).fallback(|| async { bad_method() }))
+        .route(
+            "/healthz",
+            get(|| async { text(StatusCode::OK, "ok\n") }).fallback(|| async { bad_method() }),
+        )
+        .fallback(|method: Method| async move {
+            if method == Method::GET || method == Method::HEAD {
+                let msg = "not found: this exporter serves /metrics and /healthz\n";
+                text(StatusCode::NOT_FOUND, msg)
+            } else {
+                bad_method()
+            }
+        })
+        .with_state(scraper)
 }
 
 /// Accepts connections until the process ends; each is answered on its own task.
 pub async fn serve(listener: TcpListener, scraper: Arc<Scraper>) {
+    let app = router(scraper);
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let scraper = scraper.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = handle(stream, scraper).await {
-                        tracing::debug!(%peer, "answering: {e}");
-                    }
-                });
-            }
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
             Err(e) => {
                 // Out of file descriptors and the like: wait instead of spinning.
                 tracing::warn!("accepting a connection: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-        }
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_HEAD)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "answering: {e}");
+            }
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scrape::Config;
+    use gpu_driver_contract::host::{HostRoot, HostRootSource};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[test]
-    fn routes() {
-        let r = |s: &str| route(s.as_bytes());
-        assert_eq!(
-            r("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Some((Route::Metrics, true))
+    async fn ask(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).await.unwrap();
+        resp
+    }
+
+    #[tokio::test]
+    async fn routes() {
+        let dir = tempfile::tempdir().unwrap();
+        let scraper = Arc::new(Scraper::new(Config {
+            host_root: HostRoot::new(dir.path(), HostRootSource::Flag),
+            nvml: Some(dir.path().join("none/libnvidia-ml.so.1")),
+            kubelet_socket: dir.path().join("none.sock"),
+            hostname: "n".into(),
+        }));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(serve(l, scraper));
+        let r = ask(addr, "GET /metrics?x=1 HTTP/1.0\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.0 200 OK\r\n"), "{r}");
+        assert!(r.contains(&format!("content-type: {METRICS_CONTENT_TYPE}\r\n")));
+        assert!(
+            r.contains("\r\n\r\n# HELP ") && r.ends_with("# EOF\n"),
+            "{r}"
         );
-        assert_eq!(
-            r("GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
-            Some((Route::Metrics, true))
+        let r = ask(addr, "HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\n"),
+            "{r}"
         );
-        assert_eq!(
-            r("HEAD /healthz HTTP/1.1\r\n\r\n"),
-            Some((Route::Health, false))
+        let r = ask(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(r.ends_with("\r\n\r\nok\n"), "{r}");
+        let r = ask(addr, "GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 404 "), "{r}");
+        for req in ["POST /metrics", "DELETE /healthz", "PUT /x"] {
+            let r = ask(addr, &format!("{req} HTTP/1.1\r\nHost: x\r\n\r\n")).await;
+            assert!(r.starts_with("HTTP/1.1 405 "), "{req}: {r}");
+        }
+        let r = ask(addr, "GET /metrics\r\n\r\n").await;
+        assert!(r.is_empty() || r.starts_with("HTTP/1.1 400 "), "{r}");
+        let r = ask(addr, "\u{1}\u{2}\r\n\r\n").await;
+        assert!(r.is_empty() || r.starts_with("HTTP/1.1 400 "), "{r}");
+        let long = format!(
+            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+            "x".repeat(MAX_HEAD)
         );
-        assert_eq!(r("GET / HTTP/1.1\r\n\r\n"), Some((Route::NotFound, true)));
-        assert_eq!(
-            r("POST /metrics HTTP/1.1\r\n\r\n"),
-            Some((Route::BadMethod, true))
-        );
-        assert_eq!(r("GET /metrics\r\n\r\n"), None);
-        assert_eq!(r("GET /metrics HTTP/1.1"), None, "no line end");
-        assert_eq!(r("\u{1}\u{2}"), None);
+        let r = ask(addr, &long).await;
+        assert!(r.is_empty() || r.starts_with("HTTP/1.1 431 "), "{r}");
+        task.abort();
     }
 }

@@ -1,112 +1,230 @@
-//! Prometheus metrics in the text exposition format, served on `/metrics`
-//! (and `/healthz`) by a minimal HTTP/1.1 responder: a handful of counters
-//! does not need a metrics framework or an HTTP server stack.
+//! The operator's Prometheus metrics, kept and encoded by prometheus-client
+//! (OpenMetrics text), and served on `/metrics` (with `/healthz` and
+//! `/readyz`) by axum on hyper's HTTP/1 connection builder.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::any;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use prometheus_client::encoding::{
+    EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 /// Upper bounds of the install duration histogram, in seconds.
 const BUCKETS: &[f64] = &[5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
 
-#[derive(Default)]
-struct Inner {
-    /// (name, labels) → value.
-    counters: BTreeMap<(&'static str, String), u64>,
-    gauges: BTreeMap<(&'static str, String), f64>,
-    /// Install duration: bucket counts, sum, count.
-    durations: (Vec<u64>, f64, u64),
-}
+/// OpenMetrics, what prometheus-client writes.
+const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-#[derive(Default)]
-pub struct Metrics {
-    inner: Mutex<Inner>,
-}
+/// A client that sends no complete request head in this time is dropped.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// hyper's smallest read buffer: a request head longer than this is refused.
+const MAX_HEAD: usize = 8192;
 
-const HELP: &[(&str, &str, &str)] = &[
+/// Counters as the controller names them (with `_total`; prometheus-client
+/// appends it to the registered name), their HELP.
+const COUNTERS: &[(&str, &str)] = &[
     (
         "gpu_driver_installs_total",
-        "counter",
         "Finished install Jobs by result (succeeded, failed, skipped).",
     ),
     (
         "gpu_driver_install_failures_total",
-        "counter",
         "Failed install Jobs by the installer's reason.",
     ),
     (
         "gpu_driver_cache_total",
-        "counter",
         "Successful installs by artifact cache outcome (Hit, Miss, ..., Unknown).",
     ),
     (
         "gpu_driver_jobs_created_total",
-        "counter",
         "Jobs created, by role (install, detect).",
     ),
     (
         "gpu_driver_api_writes_total",
-        "counter",
         "Write requests this operator sent to the API server, by verb and resource.",
     ),
     (
         "gpu_driver_reconcile_errors_total",
-        "counter",
         "Reconciles that ended in an error (retried).",
     ),
+];
+
+const GAUGES: &[(&str, &str)] = &[
     (
         "gpu_driver_nodes",
-        "gauge",
         "Selected nodes by phase (Ready, Installing, Failed, Pending, NoGpu, ...).",
     ),
     (
         "gpu_driver_is_leader",
-        "gauge",
         "1 while this instance holds the leader lease.",
     ),
 ];
 
-fn label(k: &str, v: &str) -> String {
-    let v = v
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n");
-    format!("{k}=\"{v}\"")
+/// A label value, escaped as the text format wants (prometheus-client
+/// writes values as they are).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Value(String);
+
+impl EncodeLabelValue for Value {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+type Labels = Vec<(String, Value)>;
+type GaugeFamily = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// A family written with its HELP and TYPE even before its first series
+/// (prometheus-client leaves empty families out): Prometheus' metadata and
+/// the dashboard's checks see every family from the start, as before.
+#[derive(Debug)]
+struct Declared<M>(M);
+
+impl<M: EncodeMetric> EncodeMetric for Declared<M> {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value(v.to_string())))
+        .collect()
+}
+
+/// Registry help text without the final period: prometheus-client adds one.
+fn help(h: &str) -> &str {
+    h.strip_suffix('.').unwrap_or(h)
+}
+
+struct CounterFamily {
+    name: &'static str,
+    series: Family<Labels, Counter>,
+    /// Over all label sets, for [`Metrics::total`].
+    sum: Counter,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    counters: Vec<CounterFamily>,
+    gauges: Vec<(&'static str, GaugeFamily)>,
+    duration: Histogram,
+    /// Held while [`Metrics::set_all`] replaces a gauge's series and while
+    /// encoding, so that a scrape never sees the gauge half replaced.
+    replacing: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let counters = COUNTERS
+            .iter()
+            .map(|(name, h)| {
+                let series = Family::<Labels, Counter>::default();
+                let base = name.strip_suffix("_total").unwrap_or(name);
+                registry.register(base, help(h), Declared(series.clone()));
+                CounterFamily {
+                    name,
+                    series,
+                    sum: Counter::default(),
+                }
+            })
+            .collect();
+        let gauges = GAUGES
+            .iter()
+            .map(|(name, h)| {
+                let series = GaugeFamily::default();
+                registry.register(*name, help(h), Declared(series.clone()));
+                (*name, series)
+            })
+            .collect();
+        let duration = Histogram::new(BUCKETS.iter().copied());
+        registry.register(
+            "gpu_driver_install_duration_seconds",
+            "Seconds from Job start to a successful install",
+            duration.clone(),
+        );
+        Metrics {
+            registry,
+            counters,
+            gauges,
+            duration,
+            replacing: Mutex::new(()),
+        }
+    }
 }
 
 impl Metrics {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves plain counters: still usable.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn counter(&self, name: &str) -> Option<&CounterFamily> {
+        let c = self.counters.iter().find(|c| c.name == name);
+        if c.is_none() {
+            tracing::debug!("no counter {name}: not counted");
+        }
+        c
+    }
+
+    fn gauge(&self, name: &str) -> Option<&GaugeFamily> {
+        let g = self.gauges.iter().find(|(n, _)| *n == name).map(|(_, g)| g);
+        if g.is_none() {
+            tracing::debug!("no gauge {name}: not set");
+        }
+        g
+    }
+
+    fn replacing(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A panic while holding it leaves whole series: still usable.
+        self.replacing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn inc(&self, name: &'static str, labels: &[(&str, &str)]) {
-        let l = labels
-            .iter()
-            .map(|(k, v)| label(k, v))
-            .collect::<Vec<_>>()
-            .join(",");
-        *self.lock().counters.entry((name, l)).or_default() += 1;
+        if let Some(c) = self.counter(name) {
+            c.series.get_or_create(&self::labels(labels)).inc();
+            c.sum.inc();
+        }
     }
 
     pub fn set(&self, name: &'static str, labels: &[(&str, &str)], value: f64) {
-        let l = labels
-            .iter()
-            .map(|(k, v)| label(k, v))
-            .collect::<Vec<_>>()
-            .join(",");
-        self.lock().gauges.insert((name, l), value);
+        if let Some(g) = self.gauge(name) {
+            g.get_or_create(&self::labels(labels)).set(value);
+        }
     }
 
     /// Replaces every series of a gauge (phases that no longer occur go).
     pub fn set_all(&self, name: &'static str, key: &str, values: &BTreeMap<String, u32>) {
-        let mut inner = self.lock();
-        inner.gauges.retain(|(n, _), _| *n != name);
+        let Some(g) = self.gauge(name) else { return };
+        let _replacing = self.replacing();
+        g.clear();
         for (k, v) in values {
-            inner.gauges.insert((name, label(key, k)), f64::from(*v));
+            g.get_or_create(&labels(&[(key, k)])).set(f64::from(*v));
         }
     }
 
@@ -119,104 +237,70 @@ impl Metrics {
 
     /// Sum of a counter over all its label sets.
     pub fn total(&self, name: &str) -> u64 {
-        self.lock()
-            .counters
-            .iter()
-            .filter(|((n, _), _)| *n == name)
-            .map(|(_, v)| v)
-            .sum()
+        self.counter(name).map_or(0, |c| c.sum.get())
     }
 
     pub fn observe_duration(&self, seconds: f64) {
-        let mut inner = self.lock();
-        let d = &mut inner.durations;
-        if d.0.is_empty() {
-            d.0 = vec![0; BUCKETS.len()];
-        }
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if seconds <= *b {
-                d.0[i] += 1;
-            }
-        }
-        d.1 += seconds;
-        d.2 += 1;
+        self.duration.observe(seconds);
     }
 
+    /// The `/metrics` body, OpenMetrics text.
     pub fn render(&self) -> String {
-        let inner = self.lock();
         let mut out = String::new();
-        for (name, kind, help) in HELP {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            let series = |l: &str| {
-                if l.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{name}{{{l}}}")
-                }
-            };
-            for ((n, l), v) in &inner.counters {
-                if n == name {
-                    let _ = writeln!(out, "{} {v}", series(l));
-                }
-            }
-            for ((n, l), v) in &inner.gauges {
-                if n == name {
-                    let _ = writeln!(out, "{} {v}", series(l));
-                }
-            }
-        }
-        let name = "gpu_driver_install_duration_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Seconds from Job start to a successful install.\n# TYPE {name} histogram"
-        );
-        let (buckets, sum, count) = &inner.durations;
-        for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                buckets.get(i).copied().unwrap_or(0)
-            );
-        }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+        let _replacing = self.replacing();
+        // Writing into a String does not fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 }
 
-/// Serves `/metrics` and `/healthz` until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
+fn text(status: StatusCode, body: &'static str) -> axum::response::Response {
+    let ct = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    (status, ct, body).into_response()
+}
+
+/// The routes: `/metrics`, `/healthz` and `/readyz` (any method, as before).
+fn router(metrics: Arc<Metrics>) -> Router {
+    let ok = || async { text(StatusCode::OK, "ok\n") };
+    Router::new()
+        .route(
+            "/metrics",
+            any(move || async move {
+                let ct = [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)];
+                (ct, metrics.render())
+            }),
+        )
+        .route("/healthz", any(ok))
+        .route("/readyz", any(ok))
+        .fallback(|| async { text(StatusCode::NOT_FOUND, "not found\n") })
+}
+
+/// Serves `/metrics` and `/healthz` until the task is dropped: one request
+/// per connection, its head read within [`HEADER_READ_TIMEOUT`] and at most
+/// [`MAX_HEAD`] bytes long.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let app = router(metrics);
     loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            // Read the request head (a scraper's GET fits in one buffer).
-            while n < buf.len() {
-                match sock.read(&mut buf[n..]).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(m) => n += m,
-                }
-                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors and the like: wait instead of spinning.
+                tracing::warn!("accepting a metrics connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = match path {
-                "/metrics" => ("200 OK", metrics.render()),
-                "/healthz" | "/readyz" => ("200 OK", "ok\n".to_string()),
-                _ => ("404 Not Found", "not found\n".to_string()),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_HEAD)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "answering a metrics request: {e}");
+            }
         });
     }
 }
@@ -224,6 +308,7 @@ pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn renders_the_text_format() {
@@ -243,28 +328,80 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("gpu_driver_api_writes_total{verb=\"create\",resource=\"jobs\"} 1"));
-        assert!(t.contains("gpu_driver_install_duration_seconds_bucket{le=\"15\"} 0"));
-        assert!(t.contains("gpu_driver_install_duration_seconds_bucket{le=\"30\"} 1"));
+        assert!(t.contains("gpu_driver_install_duration_seconds_bucket{le=\"15.0\"} 0"));
+        assert!(t.contains("gpu_driver_install_duration_seconds_bucket{le=\"30.0\"} 1"));
         assert!(t.contains("gpu_driver_install_duration_seconds_count 1"));
         assert!(t.contains("gpu_driver_nodes{phase=\"Ready\"} 3"));
         assert_eq!(m.total("gpu_driver_api_writes_total"), 1);
+    }
+
+    #[test]
+    fn keeps_names_help_and_types() {
+        let t = Metrics::default().render();
+        for (name, h) in COUNTERS {
+            let base = name.strip_suffix("_total").unwrap_or(name);
+            assert!(
+                t.contains(&format!("# HELP {base} {h}\n# TYPE {base} counter\n")),
+                "{t}"
+            );
+        }
+        for (name, h) in GAUGES {
+            assert!(t.contains(&format!("# HELP {name} {h}\n# TYPE {name} gauge\n")));
+        }
+        assert!(t.contains("# TYPE gpu_driver_install_duration_seconds histogram\n"));
+        assert!(t.contains("# HELP gpu_driver_install_duration_seconds Seconds from Job start to a successful install.\n"));
+        assert!(t.ends_with("# EOF\n"), "{t}");
+    }
+
+    #[test]
+    fn set_all_replaces_and_values_are_escaped() {
+        let m = Metrics::default();
+        m.set_all("gpu_driver_nodes", "phase", &[("Old".into(), 1)].into());
+        m.set_all(
+            "gpu_driver_nodes",
+            "phase",
+            &[("a\"\\\nb".into(), 2)].into(),
+        );
+        let t = m.render();
+        assert!(!t.contains("Old"), "{t}");
+        assert!(
+            t.contains("gpu_driver_nodes{phase=\"a\\\"\\\\\\nb\"} 2"),
+            "{t}"
+        );
+    }
+
+    async fn get(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).await.unwrap();
+        resp
     }
 
     #[tokio::test]
     async fn serves_metrics_over_http() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let m = std::sync::Arc::new(Metrics::default());
+        let m = Arc::new(Metrics::default());
         m.inc("gpu_driver_jobs_created_total", &[("role", "install")]);
         let task = tokio::spawn(serve(l, m));
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).await.unwrap();
+        let resp = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
+        assert!(resp.contains(&format!("content-type: {METRICS_CONTENT_TYPE}")));
         assert!(resp.contains("gpu_driver_jobs_created_total{role=\"install\"} 1"));
+        let resp = get(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(resp.starts_with("HTTP/1.1 200 OK") && resp.ends_with("\r\n\r\nok\n"));
+        let resp = get(addr, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
+        let long = format!(
+            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+            "x".repeat(MAX_HEAD)
+        );
+        let resp = get(addr, &long).await;
+        assert!(
+            resp.is_empty() || resp.starts_with("HTTP/1.1 431"),
+            "{resp}"
+        );
         task.abort();
     }
 }
