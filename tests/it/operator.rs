@@ -715,6 +715,9 @@ fn binary_detects_gpus_by_job_serves_metrics_and_yields_the_lease() {
     );
 
     // /metrics and /healthz over HTTP, as Prometheus and the kubelet see them.
+    // reqwest finds no crypto provider of its own: install ring, as the
+    // installer does, whether or not another test in this binary did first.
+    gpu_driver_installer::tls::init();
     let agent = reqwest::blocking::Client::builder()
         .no_proxy()
         .build()
