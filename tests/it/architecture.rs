@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-const MAX_FN_LINES: usize = 120;
+const MAX_FN_LINES: usize = 80;
 
 /// The workspace's crates: (package, source directory relative to the
 /// workspace root).

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-use super::scrape::{Config, Scraper};
-use super::{podresources, server};
+use crate::scrape::{Config, Scraper};
+use crate::{podresources, server};
 use gpu_driver_contract::host::{HostRoot, HostRootSource};
 
 #[derive(Debug, Parser)]

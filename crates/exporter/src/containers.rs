@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::metrics::ContainerRef;
+use crate::metrics::ContainerRef;
 use gpu_driver_contract::host::HostRoot;
 
 /// The kubelet's link directory, relative to the host root.

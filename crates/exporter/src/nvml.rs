@@ -23,10 +23,10 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use super::metrics::{
+use crate::metrics::{
     DriverInfo, GpuReading, Health, Memory, MigReading, ProcessReading, XidCount,
 };
-use super::nvml_ffi;
+use crate::nvml_ffi;
 use gpu_driver_contract::host::HostRoot;
 
 /// NVML's soname: what the driver installs and the NVIDIA container

@@ -12,7 +12,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Endpoint, Uri};
 
-use super::metrics::{Allocation, ContainerRef};
+use crate::metrics::{Allocation, ContainerRef};
 use gpu_driver_contract::host::HostRoot;
 
 /// Generated from the vendored proto (package `v1`).

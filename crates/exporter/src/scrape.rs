@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::metrics::{self, GpuReading, Health, ProcessOwner, Snapshot};
-use super::nvml::{self, Collected, NvmlConfig};
-use super::{cgroup, containers, podresources};
+use crate::metrics::{self, GpuReading, Health, ProcessOwner, Snapshot};
+use crate::nvml::{self, Collected, NvmlConfig};
+use crate::{cgroup, containers, podresources};
 use gpu_driver_contract::host::HostRoot;
 
 /// How long a scrape waits for the kubelet; Prometheus' default scrape

@@ -15,7 +15,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
-use super::scrape::Scraper;
+use crate::scrape::Scraper;
 
 /// hyper's smallest read buffer; a scrape's head is a few hundred bytes.
 const MAX_HEAD: usize = 8192;

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use super::metrics::Metrics;
+use crate::metrics::Metrics;
 
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::crd::{GpuDriverSpec, GpuDriverStatus, NodePhase, NodeSummary, UpgradeStatus};
-use super::decide::{self, NodeFacts, NodeState, Plan};
-use super::keys;
+use crate::crd::{GpuDriverSpec, GpuDriverStatus, NodePhase, NodeSummary, UpgradeStatus};
+use crate::decide::{self, NodeFacts, NodeState, Plan};
+use crate::keys;
 
 /// At most this many nodes are listed in `status.nodes`.
 pub const MAX_LISTED_NODES: usize = 200;

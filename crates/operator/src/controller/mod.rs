@@ -32,10 +32,10 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
-use super::crd::{GpuDriver, TargetStatus};
-use super::decide::{self, NodeFacts};
-use super::keys;
-use super::metrics::Metrics;
+use crate::crd::{GpuDriver, TargetStatus};
+use crate::decide::{self, NodeFacts};
+use crate::keys;
+use crate::metrics::Metrics;
 use expect::{Expectations, Kind};
 use gpu_driver_contract::text::truncate;
 

@@ -27,10 +27,10 @@ use kube::Resource;
 
 mod pod;
 
-use super::crd::GpuDriver;
-use super::decide::{JobRole, Target};
-use super::keys;
-use super::outcome::MAIN_CONTAINER;
+use crate::crd::GpuDriver;
+use crate::decide::{JobRole, Target};
+use crate::keys;
+use crate::outcome::MAIN_CONTAINER;
 use gpu_driver_contract::report::Reason;
 use pod::pod_spec;
 
@@ -300,7 +300,7 @@ fn pod_failure_policy() -> PodFailurePolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum NoJob {
     #[error("no install Job for that node: {0:?}")]
-    Install(super::decide::Plan),
+    Install(crate::decide::Plan),
     #[error(
         "no build Job for OS {os:?}, kernel {kernel}: build Jobs serve Garden Linux and Debian \
          targets that a builder image matches"
@@ -325,7 +325,7 @@ pub(crate) fn example(
     namespace: &str,
     kind: TemplateKind,
 ) -> Result<Job, NoJob> {
-    let facts = super::decide::NodeFacts {
+    let facts = crate::decide::NodeFacts {
         name: node.to_string(),
         kernel: kernel.to_string(),
         os_image: os_image.to_string(),
@@ -340,17 +340,17 @@ pub(crate) fn example(
             kernel: kernel.to_string(),
         };
         let target = Target::of_node(&facts).ok_or_else(no)?;
-        let image = super::decide::builder_image(&gd.spec.builder_images, &target.facts())
+        let image = crate::decide::builder_image(&gd.spec.builder_images, &target.facts())
             .ok_or_else(no)?;
-        let key = super::decide::target_key(&gd.spec, &target);
-        let name = super::decide::build_job_name(&target, &key, 0);
+        let key = crate::decide::target_key(&gd.spec, &target);
+        let name = crate::decide::build_job_name(&target, &key, 0);
         return Ok(build(
             gd,
             &JobRequest::build(&name, namespace, &image, &key, &target),
         ));
     }
-    match super::decide::plan(&gd.spec, &facts, 0) {
-        super::decide::Plan::Install {
+    match crate::decide::plan(&gd.spec, &facts, 0) {
+        crate::decide::Plan::Install {
             job, image, key, ..
         } => {
             let mut req =
