@@ -6,12 +6,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::store::{Downloaded, Store, describe};
+use super::store::{Downloaded, Store, unavailable};
 use super::{CacheStatus, FORMAT_VERSION};
 use crate::artifact::{MANIFEST_VERSION, Manifest};
 use crate::error::{Error, Failure, Result};
 use crate::host::{CpuArch, ModuleFlavor};
-use crate::report::Reason;
 
 /// Everything that makes two artifacts interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,11 +81,23 @@ pub struct StoredEntry {
 pub(super) enum Found {
     Hit(Box<StoredEntry>),
     Miss,
-    Corrupt(String),
+    /// The entry is broken (`ArtifactInvalid`): compile and replace it.
+    Corrupt(Error),
     /// A complete entry whose artifact sha256 is not `--artifact-sha256`:
     /// the sha256 it has.
     Unexpected(String),
-    Unavailable(String),
+    /// The store could not be read: compile without it.
+    Unavailable(Error),
+}
+
+impl Found {
+    fn corrupt(why: String) -> Found {
+        Found::Corrupt(Error::new(Failure::ArtifactInvalid, why))
+    }
+
+    fn unavailable(why: String) -> Found {
+        Found::Unavailable(Error::new(Failure::DownloadFailed, why))
+    }
 }
 
 /// Reads and verifies the entry; on success the artifact is at `artifact`.
@@ -101,26 +112,26 @@ pub(super) fn read_entry(
     let manifest = match store.get(&format!("{dir}/manifest.json")) {
         Ok(Some((bytes, _))) => bytes,
         Ok(None) => return Found::Miss,
-        Err(e) => return Found::Unavailable(describe(&e)),
+        Err(e) => return Found::Unavailable(unavailable(&e)),
     };
     status.bytes_downloaded += manifest.len() as u64;
     let entry: StoredEntry = match serde_json::from_slice(&manifest) {
         Ok(e) => e,
         Err(e) => {
-            return Found::Corrupt(format!(
+            return Found::corrupt(format!(
                 "manifest.json ({} bytes) is not a valid entry: {e}",
                 manifest.len()
             ));
         }
     };
     if &entry.key != key {
-        return Found::Corrupt(format!(
+        return Found::corrupt(format!(
             "manifest.json is for another key ({:?})",
             entry.key
         ));
     }
     if entry.artifact.contains('/') || !entry.artifact.ends_with(".tar.zst") {
-        return Found::Corrupt(format!("manifest.json names artifact {:?}", entry.artifact));
+        return Found::corrupt(format!("manifest.json names artifact {:?}", entry.artifact));
     }
     // Refused before the download: the artifact is checked against the
     // manifest's sha256 below, so the manifest's must be the expected one.
@@ -130,7 +141,7 @@ pub(super) fn read_entry(
         }
     }
     if entry.artifact_size_bytes > MAX_ARTIFACT_BYTES {
-        return Found::Corrupt(format!(
+        return Found::corrupt(format!(
             "{} claims {} bytes, more than an artifact may have",
             entry.artifact, entry.artifact_size_bytes
         ));
@@ -142,23 +153,23 @@ pub(super) fn read_entry(
     let rel = format!("{dir}/{}", entry.artifact);
     let got = match store.get_to_file(&rel, parent, entry.artifact_size_bytes) {
         Ok(Some(d)) => d,
-        Ok(None) => return Found::Corrupt(format!("{} is missing", entry.artifact)),
-        Err(e) if e.reason == Reason::ArtifactInvalid => return Found::Corrupt(e.to_string()),
-        Err(e) => return Found::Unavailable(e.to_string()),
+        Ok(None) => return Found::corrupt(format!("{} is missing", entry.artifact)),
+        Err(e) if e.reason == Failure::ArtifactInvalid => return Found::Corrupt(e),
+        Err(e) => return Found::Unavailable(e),
     };
     status.bytes_downloaded += got.size;
     if let Err(e) = verify_artifact(&got, &entry) {
-        return Found::Corrupt(e.to_string());
+        return Found::Corrupt(e);
     }
     let mode = std::os::unix::fs::PermissionsExt::from_mode(0o644);
     if let Err(e) = std::fs::set_permissions(got.file.path(), mode) {
-        return Found::Unavailable(format!(
+        return Found::unavailable(format!(
             "setting permissions of {}: {e}",
             got.file.path().display()
         ));
     }
     if let Err(e) = got.file.persist(artifact) {
-        return Found::Unavailable(format!("renaming into {}: {}", artifact.display(), e.error));
+        return Found::unavailable(format!("renaming into {}: {}", artifact.display(), e.error));
     }
     Found::Hit(Box::new(entry))
 }
