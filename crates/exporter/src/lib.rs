@@ -1,5 +1,5 @@
 //! `gpu-driver-exporter`: per-GPU and per-pod GPU metrics in Prometheus'
-//! text format, needing nothing but the driver: NVML loaded at run time
+//! OpenMetrics text, needing nothing but the driver: NVML loaded at run time
 //! ([`nvml`]), the kubelet's PodResources API for which pod holds which GPU
 //! ([`podresources`]), and processes mapped to pods through their cgroups
 //! ([`cgroup`], [`containers`]). [`scrape`] gathers one [`metrics::Snapshot`]
