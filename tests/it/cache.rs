@@ -60,6 +60,9 @@ impl Run {
     fn outcome(&self) -> &str {
         self.cache()["outcome"].as_str().unwrap_or("")
     }
+    fn message(&self) -> &str {
+        self.doc["status"]["message"].as_str().unwrap()
+    }
     fn artifact(&self) -> PathBuf {
         PathBuf::from(self.doc["status"]["artifact"].as_str().unwrap())
     }
@@ -374,6 +377,17 @@ fn run_s3(server: &S3Server, mut c: Command) -> Run {
     finish(c.output().unwrap())
 }
 
+/// A server, a fixture and a prefix `p` holding one artifact, stored by a
+/// first build (output `a`) that missed; `None` where S3 tests are skipped.
+fn s3_after_a_first_miss() -> Option<(S3Server, Fixture, String)> {
+    let server = S3Server::start()?;
+    let fx = Fixture::new(0);
+    let url = server.url("p");
+    let a = run_s3(&server, fx.build("a", &url, &[]));
+    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
+    Some((server, fx, url))
+}
+
 // ------------------------------------------------------------ S3 tests
 
 #[test]
@@ -441,13 +455,9 @@ fn s3_miss_stores_then_every_later_build_is_a_verified_hit() {
 
 #[test]
 fn s3_corrupted_artifact_is_detected_rebuilt_and_replaced() {
-    let Some(server) = S3Server::start() else {
+    let Some((server, fx, url)) = s3_after_a_first_miss() else {
         return;
     };
-    let fx = Fixture::new(0);
-    let url = server.url("p");
-    let a = run_s3(&server, fx.build("a", &url, &[]));
-    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
 
     // One flipped byte in the middle of the stored artifact.
     let obj = find(&server.bucket_dir(), "artifact-");
@@ -471,13 +481,9 @@ fn s3_corrupted_artifact_is_detected_rebuilt_and_replaced() {
 
 #[test]
 fn s3_truncated_objects_are_corrupt() {
-    let Some(server) = S3Server::start() else {
+    let Some((server, fx, url)) = s3_after_a_first_miss() else {
         return;
     };
-    let fx = Fixture::new(0);
-    let url = server.url("p");
-    let a = run_s3(&server, fx.build("a", &url, &[]));
-    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
 
     let obj = find(&server.bucket_dir(), "artifact-");
     let bytes = fs::read(&obj).unwrap();
@@ -659,7 +665,7 @@ fn s3_plain_http_endpoint_needs_allow_http() {
     let r = finish(c.output().unwrap());
     assert_eq!(r.reason(), "InsecureUrl", "{}", r.doc);
     assert_eq!(r.code, 12, "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("AWS_ENDPOINT_URL=http://127.0.0.1:9"), "{msg}");
     assert!(msg.contains("--allow-http"), "{msg}");
     assert_eq!(fx.compiles(), 0);
@@ -799,10 +805,7 @@ fn packages_come_from_the_store_when_checksummed_and_never_otherwise() {
     let r = fetch(&sum, &cache_dir);
     assert_eq!(r.reason(), "Fetched", "{}\n{}", r.doc, r.stderr);
     assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("came from the cache store"),
+        r.message().contains("came from the cache store"),
         "{}",
         r.doc
     );
@@ -853,10 +856,7 @@ fn a_package_downloaded_elsewhere_is_stored_for_the_other_nodes() {
     let r = fetch(second.path());
     assert_eq!(r.reason(), "Fetched", "{}\n{}", r.doc, r.stderr);
     assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("came from the cache store"),
+        r.message().contains("came from the cache store"),
         "{}",
         r.doc
     );
@@ -996,7 +996,7 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
     );
     assert_eq!(r.reason(), "ArtifactNotCached", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 13, "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("artifacts/v") && msg.contains("prebuild"),
         "{msg}"
@@ -1067,7 +1067,7 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
     let r = run_s3(&server, run_node(&node, &pkg, &url, &only(&wrong)));
     assert_eq!(r.reason(), "ChecksumMismatch", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 12);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains(&wrong) && msg.contains(&sha), "{msg}");
     assert_eq!(fx.compiles(), 1);
 
@@ -1130,7 +1130,7 @@ fn s3_a_build_job_that_cannot_write_the_store_fails_cache_write_failed() {
     let r = finish(c.output().unwrap());
     assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 13);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("not in the cache") && msg.contains("Unavailable"),
         "{msg}"
@@ -1154,7 +1154,7 @@ fn s3_a_build_job_that_cannot_write_the_store_fails_cache_write_failed() {
     );
     assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 13);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("(cache Miss: ") && msg.contains("not stored"),
         "{msg}"
@@ -1310,7 +1310,7 @@ fn prebuild_and_install_job_flags_are_checked_before_anything_runs() {
             r.stderr
         );
         assert_eq!(r.code, 4, "{args:?}");
-        let msg = r.doc["status"]["message"].as_str().unwrap();
+        let msg = r.message();
         assert!(msg.contains(says), "{args:?}: {msg}");
         assert!(
             r.doc["status"]["steps"].as_array().unwrap().is_empty(),

@@ -314,6 +314,28 @@ fn expect_err(src: &Path, dest: &Path, reason: Reason, needle: &str) -> String {
     err.to_string()
 }
 
+/// A work directory holding a driver tree at `pkg`.
+fn work_with_driver_tree() -> (tempfile::TempDir, PathBuf) {
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("pkg");
+    driver_tree(&tree);
+    (work, tree)
+}
+
+/// A work directory with that tree packed by makeself (`flags`) into
+/// `driver.run`; returns the work directory and the package.
+fn packed_driver(flags: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let (work, tree) = work_with_driver_tree();
+    let run = work.path().join("driver.run");
+    makeself(flags, &tree, &run);
+    (work, run)
+}
+
+/// [`expect_err`] for an invalid archive extracted to `<work>/<out>`.
+fn expect_invalid(src: &Path, work: &Path, out: &str, needle: &str) -> String {
+    expect_err(src, &work.join(out), Reason::ArchiveInvalid, needle)
+}
+
 // ------------------------------------------------------ makeself archives
 
 #[test]
@@ -360,11 +382,7 @@ fn makeself_archives_of_every_supported_compression() {
 
 #[test]
 fn makeself_without_embedded_checksums_still_extracts() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
-    let run = work.path().join("driver.run");
-    makeself(&["--xz", "--nomd5", "--nocrc"], &tree, &run);
+    let (work, run) = packed_driver(&["--xz", "--nomd5", "--nocrc"]);
     let report = extract_package(&run, &work.path().join("out")).unwrap();
     assert!(report.checksums_verified.is_empty(), "{report:?}");
     assert_driver_tree(&work.path().join("out"));
@@ -372,9 +390,7 @@ fn makeself_without_embedded_checksums_still_extracts() {
 
 #[test]
 fn makeself_checksum_mismatch_names_the_checksum() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
+    let (work, tree) = work_with_driver_tree();
     // Which checksum the header carries decides which one must fail.
     for (flags, name) in [
         (&["--gzip", "--sha256"][..], "SHA256"),
@@ -395,42 +411,19 @@ fn makeself_checksum_mismatch_names_the_checksum() {
 
 #[test]
 fn truncated_makeself_is_invalid() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
-    let run = work.path().join("driver.run");
-    makeself(&["--xz"], &tree, &run);
+    let (work, run) = packed_driver(&["--xz"]);
     let bytes = fs::read(&run).unwrap();
     fs::write(&run, &bytes[..bytes.len() - 100]).unwrap();
-    expect_err(
-        &run,
-        &work.path().join("out"),
-        Reason::ArchiveInvalid,
-        "truncated",
-    );
+    expect_invalid(&run, work.path(), "out", "truncated");
     // Cut inside the header: no payload at all.
     fs::write(&run, &bytes[..2000]).unwrap();
-    expect_err(
-        &run,
-        &work.path().join("out"),
-        Reason::ArchiveInvalid,
-        "truncated",
-    );
+    expect_invalid(&run, work.path(), "out", "truncated");
 }
 
 #[test]
 fn unsupported_makeself_encoding_is_named() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
-    let run = work.path().join("driver.run");
-    makeself(&["--base64"], &tree, &run);
-    expect_err(
-        &run,
-        &work.path().join("out"),
-        Reason::ArchiveInvalid,
-        "base64",
-    );
+    let (work, run) = packed_driver(&["--base64"]);
+    expect_invalid(&run, work.path(), "out", "base64");
 }
 
 #[test]
@@ -476,23 +469,14 @@ fn makeself_header_naming_another_compression_is_invalid() {
     let work = tempfile::tempdir().unwrap();
     let payload = xz(&raw_tar(&[Raw::File("a", b"a\n")]));
     let run = makeself_with_payloads(work.path(), "--gzip", &[payload]);
-    expect_err(
-        &run,
-        &work.path().join("out"),
-        Reason::ArchiveInvalid,
-        "gzip -cd",
-    );
+    expect_invalid(&run, work.path(), "out", "gzip -cd");
 }
 
 /// makeself 2.1.x wrote the header size as a literal (`head -n 402 "$0"`);
 /// rewrite a real 2.4.5 header into that form (same line count).
 #[test]
 fn makeself_2_1_style_literal_header_size() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
-    let run = work.path().join("driver.run");
-    makeself(&["--gzip"], &tree, &run);
+    let (work, run) = packed_driver(&["--gzip"]);
     let bytes = fs::read(&run).unwrap();
     let text = String::from_utf8_lossy(&bytes);
     let skip: usize = text
@@ -581,12 +565,7 @@ fn nvidia_style_header() {
     let n = bad.len();
     bad[n - 10] ^= 0x10;
     fs::write(&run, bad).unwrap();
-    expect_err(
-        &run,
-        &work.path().join("out2"),
-        Reason::ArchiveInvalid,
-        "MD5",
-    );
+    expect_invalid(&run, work.path(), "out2", "MD5");
 }
 
 // ------------------------------------------------------ hostile tarballs
@@ -694,9 +673,7 @@ fn tarball_links_inside_are_kept() {
 
 #[test]
 fn truncated_tarballs_are_invalid() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
+    let (work, tree) = work_with_driver_tree();
     let tar = tar_of(&tree, "pkg");
     // Compressed and cut: the decompressor notices.
     for (name, bytes) in [
@@ -707,32 +684,17 @@ fn truncated_tarballs_are_invalid() {
     ] {
         let cut = work.path().join(format!("cut.tar.{name}"));
         fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-        expect_err(
-            &cut,
-            &work.path().join("out1"),
-            Reason::ArchiveInvalid,
-            "cut.tar",
-        );
+        expect_invalid(&cut, work.path(), "out1", "cut.tar");
         // Only the compressor's trailer missing: the tar is whole, the
         // stream is not.
         fs::write(&cut, &bytes[..bytes.len() - 4]).unwrap();
-        expect_err(
-            &cut,
-            &work.path().join("out1"),
-            Reason::ArchiveInvalid,
-            "cut.tar",
-        );
+        expect_invalid(&cut, work.path(), "out1", "cut.tar");
     }
     // Plain and cut at a block boundary after the first entries: only the
     // missing end-of-archive marker tells.
     let plain = work.path().join("cut.tar");
     fs::write(&plain, &tar[..2048]).unwrap();
-    expect_err(
-        &plain,
-        &work.path().join("out2"),
-        Reason::ArchiveInvalid,
-        "truncated",
-    );
+    expect_invalid(&plain, work.path(), "out2", "truncated");
 }
 
 #[test]
@@ -797,9 +759,7 @@ fn directory_sources_are_copied_with_the_same_rules() {
 
 #[test]
 fn existing_target_and_unknown_files_are_errors() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
+    let (work, tree) = work_with_driver_tree();
     let dest = work.path().join("out");
     fs::create_dir(&dest).unwrap();
     let err = extract_package(&tree, &dest).unwrap_err();
@@ -807,12 +767,7 @@ fn existing_target_and_unknown_files_are_errors() {
 
     let junk = work.path().join("junk.run");
     fs::write(&junk, b"just some text\n").unwrap();
-    expect_err(
-        &junk,
-        &work.path().join("out2"),
-        Reason::ArchiveInvalid,
-        "not a makeself",
-    );
+    expect_invalid(&junk, work.path(), "out2", "not a makeself");
 }
 
 // ------------------------------------------------------ Debian's real tarball

@@ -54,6 +54,17 @@ fn fetch(cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     }
 }
 
+/// The common plain-HTTP fetch: `url` checked against `sum`, with `extra` flags.
+fn fetch_http(cache: &Path, url: &str, sum: &str, extra: &[&str]) -> Run {
+    fetch_http_env(cache, url, sum, extra, &[])
+}
+
+fn fetch_http_env(cache: &Path, url: &str, sum: &str, extra: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut args = vec!["--url", url, "--sha256", sum, "--allow-http"];
+    args.extend_from_slice(extra);
+    fetch(cache, &args, env)
+}
+
 fn cache_files(cache: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(cache)
         .map(|d| {
@@ -118,11 +129,7 @@ fn a_corrupted_cache_entry_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join(&sum), b"tampered").unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(r.doc["status"]["cacheHit"], false);
     assert_eq!(fs::read(dir.path().join(&sum)).unwrap(), body);
@@ -161,11 +168,7 @@ fn a_cut_connection_resumes_with_range() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     let s = &r.doc["status"];
     assert_eq!(r.code, 0, "{}", r.doc);
     let log = server.log();
@@ -199,11 +202,7 @@ fn a_server_that_ignores_range_gets_a_fresh_download() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     let a = &r.doc["status"]["attempts"][1];
     assert_eq!(a["httpStatus"], 200);
@@ -225,11 +224,7 @@ fn transient_errors_are_retried_then_give_up() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     let codes: Vec<Value> = r.doc["status"]["attempts"]
         .as_array()
@@ -246,19 +241,7 @@ fn transient_errors_are_retried_then_give_up() {
     let server = Server::start(|_| Reply::Full(503, vec![], vec![]));
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--retries",
-            "2",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &["--retries", "2"]);
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
     assert_eq!(server.count(), 3);
@@ -272,11 +255,7 @@ fn transient_errors_are_retried_then_give_up() {
     // A 404 is not retried.
     let server = Server::start(|_| Reply::Full(404, vec![], vec![]));
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
     assert_eq!(server.count(), 1);
 }
@@ -287,11 +266,7 @@ fn the_wrong_body_is_a_checksum_mismatch_and_is_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let sum = sha256_hex(b"what we expected");
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     let s = &r.doc["status"];
     assert_eq!(r.code, 12);
     assert_eq!(s["phase"], "Failed");
@@ -316,40 +291,12 @@ fn mirrors_are_tried_in_order() {
     let url = primary.url("/tesla/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run");
     let m1 = bad_mirror.url("/m");
     let m2 = good_mirror.url("/{version}/{file}");
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--mirror",
-            &m1,
-            "--mirror",
-            &m2,
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &["--mirror", &m1, "--mirror", &m2]);
     // {version} is unknown for a bare --url: that mirror is refused clearly.
     assert_eq!(r.doc["status"]["reason"], "InvalidArgument", "{}", r.doc);
 
     let m2 = good_mirror.url("/nv/");
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--mirror",
-            &m1,
-            "--mirror",
-            &m2,
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &["--mirror", &m1, "--mirror", &m2]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(
         r.doc["status"]["sourceUrl"],
@@ -469,20 +416,11 @@ fn a_stalled_read_times_out() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
+    let r = fetch_http(
         dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--read-timeout",
-            "1",
-            "--retries",
-            "0",
-        ],
-        &[],
+        &url,
+        &sum,
+        &["--read-timeout", "1", "--retries", "0"],
     );
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
@@ -504,9 +442,11 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
     let origin_addr = format!("127.0.0.1:{}", origin.port);
 
     let dir = tempfile::tempdir().unwrap();
-    let r = fetch(
+    let r = fetch_http_env(
         dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
+        &url,
+        &sum,
+        &[],
         &[("HTTPS_PROXY", &proxy.url())],
     );
     assert_eq!(r.code, 0, "{}", r.doc);
@@ -514,9 +454,11 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
     assert_eq!(origin.count(), 1);
 
     let dir = tempfile::tempdir().unwrap();
-    let r = fetch(
+    let r = fetch_http_env(
         dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
+        &url,
+        &sum,
+        &[],
         &[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")],
     );
     assert_eq!(r.code, 0, "{}", r.doc);
@@ -793,11 +735,7 @@ fn a_resumed_prefix_of_another_file_is_not_trusted() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     let log = server.log();
     assert_eq!(log.len(), 3, "{}", r.doc);
@@ -910,19 +848,7 @@ fn a_server_that_drips_forever_meets_the_download_deadline() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--download-timeout",
-            "2",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &["--download-timeout", "2"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     let msg = r.doc["status"]["message"].as_str().unwrap();
     assert!(
