@@ -51,22 +51,7 @@ fn message(r: &Run) -> &str {
 
 /// Debian-style split headers for `uts` in `<base>/usr/src`.
 fn headers(base: &Path, dir_release: &str, uts: &str) -> PathBuf {
-    let arch = base.join(format!("usr/src/linux-headers-{dir_release}"));
-    let common = base.join("usr/src/linux-headers-common");
-    fs::create_dir_all(arch.join("include/generated")).unwrap();
-    fs::create_dir_all(common.join("include/linux")).unwrap();
-    fs::write(
-        arch.join("Makefile"),
-        "include /usr/src/linux-headers-common/Makefile\n",
-    )
-    .unwrap();
-    fs::write(common.join("Makefile"), "# common\n").unwrap();
-    fs::write(
-        arch.join("include/generated/utsrelease.h"),
-        format!("#define UTS_RELEASE \"{uts}\"\n"),
-    )
-    .unwrap();
-    arch
+    crate::support::kernel_headers::debian_split(base, dir_release, uts)
 }
 
 const REL: &str = "6.1.0-50-cloud-amd64";
@@ -387,6 +372,17 @@ impl Job {
         finish(out)
     }
 
+    /// `build` of `source` for `release` into the job's `out`, after the
+    /// global flags `global`.
+    fn build(&self, global: &[&str], source: &str, release: &str, flavor: &str) -> Run {
+        let out = self.inner("out");
+        let mut args = global.to_vec();
+        args.extend([
+            "build", "--source", source, "--kernel", release, "--flavor", flavor, "--out", &out,
+        ]);
+        self.run(&args)
+    }
+
     fn remove(self) {
         let _ = fs::remove_dir_all(self.root.join(&self.rel));
     }
@@ -428,7 +424,6 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
     let _one = COMPILE.lock().unwrap_or_else(|e| e.into_inner());
     let release = root_kernel_release(&root);
     let job = Job::new(&root, &format!("{suite}-{flavor}"));
-    let out = job.inner("out");
     let (source, from_run) = match &source {
         Source::InRoot(p) => (p.to_string(), false),
         Source::Runfile(run) => {
@@ -437,9 +432,7 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
             (inner, true)
         }
     };
-    let r = job.run(&[
-        "build", "--source", &source, "--kernel", &release, "--flavor", flavor, "--out", &out,
-    ]);
+    let r = job.build(&[], &source, &release, flavor);
     let s = &r.doc["status"];
     assert_eq!(
         (r.code, reason(&r)),
@@ -799,20 +792,12 @@ fn compile_bookworm_arm64_open_535_cross() {
     let release = root_kernel_release(&root);
     assert!(release.ends_with("-arm64"), "{release}");
     let job = Job::new(&root, "arm64-arch-flag");
-    let out = job.inner("out");
-    let r = job.run(&[
-        "--arch",
-        "x86_64",
-        "build",
-        "--source",
+    let r = job.build(
+        &["--arch", "x86_64"],
         "/usr/src/nvidia-open-kernel.tar.xz",
-        "--kernel",
         &release,
-        "--flavor",
         "open",
-        "--out",
-        &out,
-    ]);
+    );
     assert_eq!(
         (r.code, reason(&r)),
         (13, "KernelHeadersMismatch"),
@@ -836,18 +821,7 @@ fn compile_trixie_open_fails_with_kernel_api_mismatch() {
     let _one = COMPILE.lock().unwrap_or_else(|e| e.into_inner());
     let release = root_kernel_release(&root);
     let job = Job::new(&root, "trixie-open");
-    let out = job.inner("out");
-    let r = job.run(&[
-        "build",
-        "--source",
-        "/usr/src/nvidia-open-kernel.tar.xz",
-        "--kernel",
-        &release,
-        "--flavor",
-        "open",
-        "--out",
-        &out,
-    ]);
+    let r = job.build(&[], "/usr/src/nvidia-open-kernel.tar.xz", &release, "open");
     let s = &r.doc["status"];
     assert_eq!(
         (r.code, reason(&r)),

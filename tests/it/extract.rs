@@ -24,13 +24,10 @@ use gpu_driver_installer::host::ModuleFlavor;
 // ---------------------------------------------------------------- helpers
 
 fn require_tool(tool: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{tool}` is not installed; these tests need Debian's makeself, xz-utils, bzip2 and zstd \
-         (`apt-get install makeself xz-utils bzip2 zstd`, or run `bash .ci/run`)"
+    crate::support::tools::require_tool(
+        tool,
+        "these tests need Debian's makeself, xz-utils, bzip2 and zstd \
+         (`apt-get install makeself xz-utils bzip2 zstd`, or run `bash .ci/run`)",
     );
 }
 
