@@ -56,6 +56,11 @@ fn headers(base: &Path, dir_release: &str, uts: &str) -> PathBuf {
 
 const REL: &str = "6.1.0-50-cloud-amd64";
 
+/// `build` (see [`build_args`]) with no global flags.
+fn run_build(source: &str, out: &str, extra: &[&str]) -> Run {
+    finish(bin().args(build_args(source, out, extra)).output().unwrap())
+}
+
 fn build_args<'a>(source: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![
         "build", "--source", source, "--kernel", REL, "--flavor", "open", "--out", out,
@@ -69,16 +74,7 @@ fn missing_headers_dir_is_kernel_headers_not_found() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().display().to_string();
     let out = tmp.path().join("out").display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(
-                &src,
-                &out,
-                &["--headers", "/nonexistent/headers"],
-            ))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build(&src, &out, &["--headers", "/nonexistent/headers"]);
     assert_eq!(reason(&r), "KernelHeadersNotFound", "{}", r.doc);
     assert_eq!(r.code, 13);
     assert!(
@@ -119,16 +115,7 @@ fn what_a_killed_build_left_in_its_work_dir_is_removed_by_the_next_one() {
     fs::create_dir_all(left.join("kernel-open")).unwrap();
     fs::write(left.join("kernel-open/big.o"), vec![0u8; 1 << 20]).unwrap();
     let out_s = out.display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(
-                &src,
-                &out_s,
-                &["--headers", "/nonexistent/headers"],
-            ))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build(&src, &out_s, &["--headers", "/nonexistent/headers"]);
     assert_eq!(reason(&r), "KernelHeadersNotFound", "{}", r.doc);
     assert!(!left.exists(), "the killed build's leftover is still there");
     assert!(work.is_dir());
@@ -141,12 +128,7 @@ fn headers_of_another_release_are_a_mismatch() {
     let src = tmp.path().display().to_string();
     let out = tmp.path().join("out").display().to_string();
     let h = arch.display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(&src, &out, &["--headers", &h]))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build(&src, &out, &["--headers", &h]);
     assert_eq!(reason(&r), "KernelHeadersMismatch", "{}", r.doc);
     assert_eq!(r.code, 13);
     assert!(
@@ -205,21 +187,11 @@ fn a_path_without_gcc_is_compiler_missing() {
 fn bad_arguments_are_invalid_argument() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out").display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args("/nonexistent/driver.run", &out, &[]))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build("/nonexistent/driver.run", &out, &[]);
     assert_eq!(reason(&r), "InvalidArgument", "{}", r.doc);
     assert_eq!(r.code, 4);
     let src = tmp.path().display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(&src, &out, &["--driver-version", "latest"]))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build(&src, &out, &["--driver-version", "latest"]);
     assert_eq!(reason(&r), "InvalidArgument", "{}", r.doc);
     let r = finish(
         bin()

@@ -388,6 +388,19 @@ fn s3_after_a_first_miss() -> Option<(S3Server, Fixture, String)> {
     Some((server, fx, url))
 }
 
+/// Rewrites the one stored artifact with `damage` of its bytes, then
+/// builds again (output `b`).
+fn rebuild_after_damage(
+    server: &S3Server,
+    fx: &Fixture,
+    url: &str,
+    damage: impl FnOnce(Vec<u8>) -> Vec<u8>,
+) -> Run {
+    let obj = find(&server.bucket_dir(), "artifact-");
+    fs::write(&obj, damage(fs::read(&obj).unwrap())).unwrap();
+    run_s3(server, fx.build("b", url, &[]))
+}
+
 // ------------------------------------------------------------ S3 tests
 
 #[test]
@@ -460,13 +473,11 @@ fn s3_corrupted_artifact_is_detected_rebuilt_and_replaced() {
     };
 
     // One flipped byte in the middle of the stored artifact.
-    let obj = find(&server.bucket_dir(), "artifact-");
-    let mut bytes = fs::read(&obj).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x55;
-    fs::write(&obj, &bytes).unwrap();
-
-    let b = run_s3(&server, fx.build("b", &url, &[]));
+    let b = rebuild_after_damage(&server, &fx, &url, |mut bytes| {
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x55;
+        bytes
+    });
     assert_eq!(b.reason(), "Built", "{}\n{}", b.doc, b.stderr);
     assert_eq!(b.outcome(), "Corrupt", "{}", b.doc);
     let warning = b.cache()["warnings"][0].as_str().unwrap();
@@ -485,10 +496,9 @@ fn s3_truncated_objects_are_corrupt() {
         return;
     };
 
-    let obj = find(&server.bucket_dir(), "artifact-");
-    let bytes = fs::read(&obj).unwrap();
-    fs::write(&obj, &bytes[..bytes.len() / 3]).unwrap();
-    let b = run_s3(&server, fx.build("b", &url, &[]));
+    let b = rebuild_after_damage(&server, &fx, &url, |bytes| {
+        bytes[..bytes.len() / 3].to_vec()
+    });
     assert_eq!(b.outcome(), "Corrupt", "{}\n{}", b.doc, b.stderr);
     let warning = b.cache()["warnings"][0].as_str().unwrap();
     assert!(warning.contains("truncated"), "{warning}");

@@ -829,6 +829,19 @@ fn sparse_bomb() -> Vec<u8> {
     gzip(&b.into_inner().unwrap())
 }
 
+/// Extraction of `src` within these limits is refused as unsafe and
+/// leaves nothing at `dest`; returns the error's message.
+fn refused_over_limits(src: &Path, dest: &Path, max_bytes: u64, max_entries: u64) -> String {
+    let limits = Limits {
+        max_bytes,
+        max_entries,
+    };
+    let err = extract_package_with(src, dest, limits).expect_err("must be refused");
+    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
+    assert_nothing_left(dest);
+    err.to_string()
+}
+
 #[test]
 fn a_decompression_bomb_stops_at_the_size_limit() {
     let work = tempfile::tempdir().unwrap();
@@ -837,28 +850,16 @@ fn a_decompression_bomb_stops_at_the_size_limit() {
     assert!(bytes.len() < 1024, "{} bytes", bytes.len());
     fs::write(&bomb, bytes).unwrap();
     let dest = work.path().join("out");
-    let limits = Limits {
-        max_bytes: 64 << 20,
-        max_entries: 1000,
-    };
-    let err = extract_package_with(&bomb, &dest, limits).expect_err("must be refused");
-    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
+    let err = refused_over_limits(&bomb, &dest, 64 << 20, 1000);
     assert!(
-        err.to_string().contains("64 MiB") && err.to_string().contains("--max-unpacked-size"),
+        err.contains("64 MiB") && err.contains("--max-unpacked-size"),
         "{err}"
     );
-    assert_nothing_left(&dest);
 
     // Zeros that compress 1000:1 take the same road.
     let zeros = gzip(&raw_tar(&[Raw::File("z", &vec![0u8; 2 << 20])]));
     fs::write(&bomb, zeros).unwrap();
-    let small = Limits {
-        max_bytes: 1 << 20,
-        max_entries: 1000,
-    };
-    let err = extract_package_with(&bomb, &dest, small).expect_err("must be refused");
-    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
-    assert_nothing_left(&dest);
+    refused_over_limits(&bomb, &dest, 1 << 20, 1000);
 }
 
 #[test]
@@ -869,14 +870,8 @@ fn an_archive_of_too_many_entries_is_refused() {
     let src = work.path().join("many.tar.gz");
     fs::write(&src, gzip(&raw_tar(&entries))).unwrap();
     let dest = work.path().join("out");
-    let limits = Limits {
-        max_bytes: 1 << 20,
-        max_entries: 10,
-    };
-    let err = extract_package_with(&src, &dest, limits).expect_err("must be refused");
-    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
-    assert!(err.to_string().contains("--max-unpacked-entries"), "{err}");
-    assert_nothing_left(&dest);
+    let err = refused_over_limits(&src, &dest, 1 << 20, 10);
+    assert!(err.contains("--max-unpacked-entries"), "{err}");
     // Within the limit it unpacks.
     let ok = Limits {
         max_bytes: 1 << 20,

@@ -65,6 +65,29 @@ fn fetch_http_env(cache: &Path, url: &str, sum: &str, extra: &[&str], env: &[(&s
     fetch(cache, &args, env)
 }
 
+/// [`fetch_http`] of the server's `/p.run` into a fresh cache directory.
+fn fetch_p_run(server: &Server, sum: &str, extra: &[&str]) -> (tempfile::TempDir, Run) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = fetch_http(dir.path(), &server.url("/p.run"), sum, extra);
+    (dir, r)
+}
+
+/// A server whose first answer is cut after `send` bytes of `body`; the
+/// later ones are `then(body)`.
+fn cut_once_then(body: &[u8], send: usize, then: fn(Vec<u8>) -> Reply) -> Server {
+    let b = body.to_vec();
+    Server::start(move |req: &Request| {
+        if req.index == 0 {
+            Reply::Cut {
+                body: b.clone(),
+                send,
+            }
+        } else {
+            then(b.clone())
+        }
+    })
+}
+
 fn cache_files(cache: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(cache)
         .map(|d| {
@@ -155,20 +178,8 @@ fn offline_without_cache_is_not_cached_and_silent() {
 fn a_cut_connection_resumes_with_range() {
     let body = bytes(1_000_000, 3);
     let sum = sha256_hex(&body);
-    let b = body.clone();
-    let server = Server::start(move |req: &Request| {
-        if req.index == 0 {
-            Reply::Cut {
-                body: b.clone(),
-                send: 400_000,
-            }
-        } else {
-            Reply::Ranged(b.clone())
-        }
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch_http(dir.path(), &url, &sum, &[]);
+    let server = cut_once_then(&body, 400_000, Reply::Ranged);
+    let (dir, r) = fetch_p_run(&server, &sum, &[]);
     let s = &r.doc["status"];
     assert_eq!(r.code, 0, "{}", r.doc);
     let log = server.log();
@@ -188,21 +199,9 @@ fn a_cut_connection_resumes_with_range() {
 fn a_server_that_ignores_range_gets_a_fresh_download() {
     let body = bytes(600_000, 4);
     let sum = sha256_hex(&body);
-    let b = body.clone();
-    let server = Server::start(move |req: &Request| {
-        if req.index == 0 {
-            Reply::Cut {
-                body: b.clone(),
-                send: 200_000,
-            }
-        } else {
-            // Ignores Range: answers 200 with the whole body.
-            Reply::Full(200, vec![], b.clone())
-        }
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch_http(dir.path(), &url, &sum, &[]);
+    // Ignores Range: answers 200 with the whole body.
+    let server = cut_once_then(&body, 200_000, |b| Reply::Full(200, vec![], b));
+    let (dir, r) = fetch_p_run(&server, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     let a = &r.doc["status"]["attempts"][1];
     assert_eq!(a["httpStatus"], 200);
@@ -733,9 +732,7 @@ fn a_resumed_prefix_of_another_file_is_not_trusted() {
         },
         _ => Reply::Ranged(new.clone()),
     });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch_http(dir.path(), &url, &sum, &[]);
+    let (dir, r) = fetch_p_run(&server, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     let log = server.log();
     assert_eq!(log.len(), 3, "{}", r.doc);
@@ -846,9 +843,7 @@ fn a_server_that_drips_forever_meets_the_download_deadline() {
         body: body.clone(),
         every_ms: 200,
     });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch_http(dir.path(), &url, &sum, &["--download-timeout", "2"]);
+    let (dir, r) = fetch_p_run(&server, &sum, &["--download-timeout", "2"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     let msg = r.doc["status"]["message"].as_str().unwrap();
     assert!(
