@@ -703,19 +703,7 @@ fn a_plain_http_url_may_not_redirect_to_another_plain_http_url() {
     let hop =
         Server::start(move |_| Reply::Full(302, vec![("Location".into(), to.clone())], vec![]));
     let dir = tempfile::tempdir().unwrap();
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &hop.url("/p.run"),
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--retries",
-            "0",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &hop.url("/p.run"), &sum, &["--retries", "0"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     assert_eq!(target.count(), 0);
 }
@@ -862,17 +850,7 @@ fn downloads_over_the_size_cap_are_refused_and_nothing_is_kept() {
         body: vec![0; 1000],
     });
     let sum = "b".repeat(64);
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &liar.url("/p.run"),
-            "--sha256",
-            &sum,
-            "--allow-http",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &liar.url("/p.run"), &sum, &[]);
     assert_eq!(r.doc["status"]["reason"], "UnsafeArchive", "{}", r.doc);
     let msg = r.doc["status"]["message"].as_str().unwrap();
     assert!(msg.contains("--max-download-size"), "{msg}");
@@ -884,18 +862,11 @@ fn downloads_over_the_size_cap_are_refused_and_nothing_is_kept() {
     let body = bytes(3 << 20, 22);
     let sum = sha256_hex(&body);
     let big = Server::start(move |_| Reply::Ranged(body.clone()));
-    let r = fetch(
+    let r = fetch_http(
         dir.path(),
-        &[
-            "--url",
-            &big.url("/p.run"),
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--max-download-size",
-            "2",
-        ],
-        &[],
+        &big.url("/p.run"),
+        &sum,
+        &["--max-download-size", "2"],
     );
     assert_eq!(r.doc["status"]["reason"], "UnsafeArchive", "{}", r.doc);
     assert_eq!(cache_files(dir.path()), Vec::<String>::new());
@@ -911,17 +882,7 @@ fn a_fetch_that_fills_the_disk_leaves_no_partial_file() {
     let dir = tempfile::tempdir().unwrap();
     let partial = dir.path().join(format!("{sum}.partial"));
     std::os::unix::fs::symlink("/dev/full", &partial).unwrap();
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &server.url("/p.run"),
-            "--sha256",
-            &sum,
-            "--allow-http",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &server.url("/p.run"), &sum, &[]);
     assert_eq!(r.doc["status"]["reason"], "InsufficientDisk", "{}", r.doc);
     assert!(
         fs::symlink_metadata(&partial).is_err(),
