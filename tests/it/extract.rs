@@ -180,6 +180,14 @@ fn set_line(header: &str, key: &str, value: &str) -> String {
         + "\n"
 }
 
+/// The header's `skip="N"`: its length in lines.
+fn header_skip(text: &str) -> usize {
+    text.lines()
+        .find_map(|l| l.strip_prefix("skip=\""))
+        .and_then(|v| v.trim_end_matches('"').parse().ok())
+        .expect("makeself header has skip=\"N\"")
+}
+
 /// A genuine makeself header (from running makeself with `flag`) in front
 /// of other payload chunks, with sizes and MD5/SHA256/CRC computed by
 /// md5sum, sha256sum and cksum: for payloads makeself cannot be made to
@@ -193,11 +201,7 @@ fn makeself_with_payloads(work: &Path, flag: &str, chunks: &[Vec<u8>]) -> PathBu
     makeself(&[flag, "--sha256"], &template, &run);
     let bytes = fs::read(&run).unwrap();
     let text = String::from_utf8_lossy(&bytes);
-    let skip: usize = text
-        .lines()
-        .find_map(|l| l.strip_prefix("skip=\""))
-        .and_then(|v| v.trim_end_matches('"').parse().ok())
-        .expect("makeself header has skip=\"N\"");
+    let skip = header_skip(&text);
     let mut header = String::from_utf8(bytes[..after_lines(&bytes, skip)].to_vec()).unwrap();
     let join =
         |f: &dyn Fn(&[u8]) -> String| chunks.iter().map(|c| f(c)).collect::<Vec<_>>().join(" ");
@@ -476,11 +480,7 @@ fn makeself_2_1_style_literal_header_size() {
     let (work, run) = packed_driver(&["--gzip"]);
     let bytes = fs::read(&run).unwrap();
     let text = String::from_utf8_lossy(&bytes);
-    let skip: usize = text
-        .lines()
-        .find_map(|l| l.strip_prefix("skip=\""))
-        .and_then(|v| v.trim_end_matches('"').parse().ok())
-        .unwrap();
+    let skip = header_skip(&text);
     let end = after_lines(&bytes, skip);
     let header = String::from_utf8(bytes[..end].to_vec()).unwrap();
     let header = header

@@ -618,41 +618,20 @@ fn https_with_a_private_ca_and_no_downgrade() {
     // A redirect from HTTPS to plain HTTP is not followed.
     let cache = dir.path().join("cache2");
     let url = server.https_url("/downgrade.run");
-    let r = fetch(
-        &cache,
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--ca-bundle",
-            ca.to_str().unwrap(),
-            "--retries",
-            "0",
-        ],
-        &[],
-    );
+    let downgraded = |extra: &[&str]| {
+        let mut args = vec!["--url", &url, "--sha256", &sum, "--ca-bundle"];
+        args.extend([ca.to_str().unwrap(), "--retries", "0"]);
+        args.extend_from_slice(extra);
+        fetch(&cache, &args, &[])
+    };
+    let r = downgraded(&[]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     assert_eq!(plain.count(), 0);
 
     // Nor with --allow-http: it permits URLs given as http://, never a
     // redirect's (this one was followed before, and the result still
     // named the https:// source).
-    let r = fetch(
-        &cache,
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--ca-bundle",
-            ca.to_str().unwrap(),
-            "--retries",
-            "0",
-            "--allow-http",
-        ],
-        &[],
-    );
+    let r = downgraded(&["--allow-http"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     let msg = r.doc["status"]["message"].as_str().unwrap();
     assert!(msg.contains("HTTPS only"), "{msg}");
