@@ -478,20 +478,18 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
     let ca = tempfile::NamedTempFile::new().unwrap();
     fs::write(ca.path(), ca_pem).unwrap();
     let url = tls_origin.https_url("/p.run");
-    for var in ["HTTPS_PROXY", "ALL_PROXY", "HTTP_PROXY"] {
+    // Each fetch into a fresh cache, so that each one downloads.
+    let fetch_tls = |env: &[(&str, &str)]| {
         let dir = tempfile::tempdir().unwrap();
-        let r = fetch(
+        let args = ["--url", &url, "--sha256", &sum, "--ca-bundle"];
+        fetch(
             dir.path(),
-            &[
-                "--url",
-                &url,
-                "--sha256",
-                &sum,
-                "--ca-bundle",
-                ca.path().to_str().unwrap(),
-            ],
-            &[(var, &proxy.url())],
-        );
+            &[&args[..], &[ca.path().to_str().unwrap()]].concat(),
+            env,
+        )
+    };
+    for var in ["HTTPS_PROXY", "ALL_PROXY", "HTTP_PROXY"] {
+        let r = fetch_tls(&[(var, &proxy.url())]);
         assert_eq!(r.code, 0, "{var}: {}", r.doc);
         assert_eq!(
             proxy.targets.lock().unwrap().last(),
@@ -505,19 +503,7 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
         );
     }
     assert_eq!(tls_origin.count(), 3);
-    let dir = tempfile::tempdir().unwrap();
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--ca-bundle",
-            ca.path().to_str().unwrap(),
-        ],
-        &[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")],
-    );
+    let r = fetch_tls(&[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(
         proxy.targets.lock().unwrap().len(),
