@@ -88,6 +88,15 @@ fn cut_once_then(body: &[u8], send: usize, then: fn(Vec<u8>) -> Reply) -> Server
     })
 }
 
+/// A body of `len` bytes (pattern `seed`), its sha256, and a server that
+/// answers every request with it, honouring Range.
+fn served(len: usize, seed: u64) -> (Vec<u8>, String, Server) {
+    let body = bytes(len, seed);
+    let sum = sha256_hex(&body);
+    let b = body.clone();
+    (body, sum, Server::start(move |_| Reply::Ranged(b.clone())))
+}
+
 fn cache_files(cache: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(cache)
         .map(|d| {
@@ -102,10 +111,7 @@ fn cache_files(cache: &Path) -> Vec<String> {
 
 #[test]
 fn downloads_verifies_and_then_hits_the_cache_without_network() {
-    let body = bytes(300_000, 1);
-    let sum = sha256_hex(&body);
-    let b = body.clone();
-    let server = Server::start(move |_| Reply::Ranged(b.clone()));
+    let (body, sum, server) = served(300_000, 1);
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/NVIDIA-Linux-x86_64-580.95.05.run");
     let args = ["--url", &url, "--sha256", &sum, "--allow-http"];
@@ -145,10 +151,7 @@ fn downloads_verifies_and_then_hits_the_cache_without_network() {
 
 #[test]
 fn a_corrupted_cache_entry_is_replaced() {
-    let body = bytes(50_000, 2);
-    let sum = sha256_hex(&body);
-    let b = body.clone();
-    let server = Server::start(move |_| Reply::Ranged(b.clone()));
+    let (body, sum, server) = served(50_000, 2);
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join(&sum), b"tampered").unwrap();
     let url = server.url("/p.run");
@@ -432,10 +435,7 @@ fn a_stalled_read_times_out() {
 
 #[test]
 fn proxies_from_the_environment_are_used_unless_no_proxy() {
-    let body = bytes(5_000, 10);
-    let sum = sha256_hex(&body);
-    let b = body.clone();
-    let origin = Server::start(move |_| Reply::Ranged(b.clone()));
+    let (body, sum, origin) = served(5_000, 10);
     let proxy = ConnectProxy::start();
     let url = origin.url("/p.run");
     let origin_addr = format!("127.0.0.1:{}", origin.port);
