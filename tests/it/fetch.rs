@@ -25,6 +25,12 @@ struct Run {
     doc: Value,
 }
 
+impl Run {
+    fn message(&self) -> &str {
+        self.doc["status"]["message"].as_str().unwrap()
+    }
+}
+
 fn fetch(cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"));
     for v in PROXY_VARS {
@@ -139,12 +145,7 @@ fn downloads_verifies_and_then_hits_the_cache_without_network() {
         let r = fetch(dir.path(), &a, &[]);
         assert_eq!(r.code, 0);
         assert_eq!(r.doc["status"]["cacheHit"], true);
-        assert!(
-            r.doc["status"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("no network")
-        );
+        assert!(r.message().contains("no network"));
     }
     assert_eq!(server.count(), 1, "a cache hit must not touch the network");
 }
@@ -247,12 +248,7 @@ fn transient_errors_are_retried_then_give_up() {
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
     assert_eq!(server.count(), 3);
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("HTTP 503")
-    );
+    assert!(r.message().contains("HTTP 503"));
 
     // A 404 is not retried.
     let server = Server::start(|_| Reply::Full(404, vec![], vec![]));
@@ -323,12 +319,7 @@ fn plain_http_is_refused_without_opt_in() {
     );
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "InsecureUrl");
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--allow-http")
-    );
+    assert!(r.message().contains("--allow-http"));
     assert_eq!(server.count(), 0);
 }
 
@@ -383,12 +374,7 @@ fn checksums_come_from_companions_and_manifests() {
     let r = fetch(&cache, &["--url", &url, "--ca-bundle", ca], &[]);
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "ChecksumMissing");
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--sha256")
-    );
+    assert!(r.message().contains("--sha256"));
     assert_eq!(cache_files(&cache), Vec::<String>::new());
 
     // The same companion and manifest over plain HTTP (allowed for the
@@ -401,7 +387,7 @@ fn checksums_come_from_companions_and_manifests() {
         let cache = dir.path().join("c4");
         let r = fetch(&cache, &["--url", &plain.url(path), "--allow-http"], &[]);
         assert_eq!(r.doc["status"]["reason"], "ChecksumMissing", "{}", r.doc);
-        let msg = r.doc["status"]["message"].as_str().unwrap();
+        let msg = r.message();
         assert!(msg.contains("plain HTTP"), "{msg}");
         assert_eq!(cache_files(&cache), Vec::<String>::new());
     }
@@ -426,7 +412,7 @@ fn a_stalled_read_times_out() {
     );
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
-    let msg = r.doc["status"]["message"].as_str().unwrap().to_lowercase();
+    let msg = r.message().to_lowercase();
     assert!(
         msg.contains("timeout") || msg.contains("timed out"),
         "{msg}"
@@ -585,7 +571,7 @@ fn https_with_a_private_ca_and_no_downgrade() {
         "{}",
         r.doc
     );
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("TLS certificate not trusted") && msg.contains("--ca-bundle"),
         "{msg}"
@@ -619,7 +605,7 @@ fn https_with_a_private_ca_and_no_downgrade() {
     // named the https:// source).
     let r = downgraded(&["--allow-http"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("HTTPS only"), "{msg}");
     assert_eq!(plain.count(), 0);
     assert!(!cache.join(&sum).exists());
@@ -798,7 +784,7 @@ fn a_server_that_drips_forever_meets_the_download_deadline() {
     });
     let (dir, r) = fetch_p_run(&server, &sum, &["--download-timeout", "2"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("deadline of 2 s") && msg.contains("--download-timeout"),
         "{msg}"
@@ -817,7 +803,7 @@ fn downloads_over_the_size_cap_are_refused_and_nothing_is_kept() {
     let sum = "b".repeat(64);
     let r = fetch_http(dir.path(), &liar.url("/p.run"), &sum, &[]);
     assert_eq!(r.doc["status"]["reason"], "UnsafeArchive", "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("--max-download-size"), "{msg}");
     assert_eq!(liar.count(), 1, "not retried");
     assert_eq!(cache_files(dir.path()), Vec::<String>::new());
