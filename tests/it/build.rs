@@ -51,25 +51,15 @@ fn message(r: &Run) -> &str {
 
 /// Debian-style split headers for `uts` in `<base>/usr/src`.
 fn headers(base: &Path, dir_release: &str, uts: &str) -> PathBuf {
-    let arch = base.join(format!("usr/src/linux-headers-{dir_release}"));
-    let common = base.join("usr/src/linux-headers-common");
-    fs::create_dir_all(arch.join("include/generated")).unwrap();
-    fs::create_dir_all(common.join("include/linux")).unwrap();
-    fs::write(
-        arch.join("Makefile"),
-        "include /usr/src/linux-headers-common/Makefile\n",
-    )
-    .unwrap();
-    fs::write(common.join("Makefile"), "# common\n").unwrap();
-    fs::write(
-        arch.join("include/generated/utsrelease.h"),
-        format!("#define UTS_RELEASE \"{uts}\"\n"),
-    )
-    .unwrap();
-    arch
+    crate::support::kernel_headers::debian_split(base, dir_release, uts)
 }
 
 const REL: &str = "6.1.0-50-cloud-amd64";
+
+/// `build` (see [`build_args`]) with no global flags.
+fn run_build(source: &str, out: &str, extra: &[&str]) -> Run {
+    finish(bin().args(build_args(source, out, extra)).output().unwrap())
+}
 
 fn build_args<'a>(source: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![
@@ -84,16 +74,7 @@ fn missing_headers_dir_is_kernel_headers_not_found() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().display().to_string();
     let out = tmp.path().join("out").display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(
-                &src,
-                &out,
-                &["--headers", "/nonexistent/headers"],
-            ))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build(&src, &out, &["--headers", "/nonexistent/headers"]);
     assert_eq!(reason(&r), "KernelHeadersNotFound", "{}", r.doc);
     assert_eq!(r.code, 13);
     assert!(
@@ -134,16 +115,7 @@ fn what_a_killed_build_left_in_its_work_dir_is_removed_by_the_next_one() {
     fs::create_dir_all(left.join("kernel-open")).unwrap();
     fs::write(left.join("kernel-open/big.o"), vec![0u8; 1 << 20]).unwrap();
     let out_s = out.display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(
-                &src,
-                &out_s,
-                &["--headers", "/nonexistent/headers"],
-            ))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build(&src, &out_s, &["--headers", "/nonexistent/headers"]);
     assert_eq!(reason(&r), "KernelHeadersNotFound", "{}", r.doc);
     assert!(!left.exists(), "the killed build's leftover is still there");
     assert!(work.is_dir());
@@ -156,12 +128,7 @@ fn headers_of_another_release_are_a_mismatch() {
     let src = tmp.path().display().to_string();
     let out = tmp.path().join("out").display().to_string();
     let h = arch.display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(&src, &out, &["--headers", &h]))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build(&src, &out, &["--headers", &h]);
     assert_eq!(reason(&r), "KernelHeadersMismatch", "{}", r.doc);
     assert_eq!(r.code, 13);
     assert!(
@@ -220,21 +187,11 @@ fn a_path_without_gcc_is_compiler_missing() {
 fn bad_arguments_are_invalid_argument() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out").display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args("/nonexistent/driver.run", &out, &[]))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build("/nonexistent/driver.run", &out, &[]);
     assert_eq!(reason(&r), "InvalidArgument", "{}", r.doc);
     assert_eq!(r.code, 4);
     let src = tmp.path().display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(&src, &out, &["--driver-version", "latest"]))
-            .output()
-            .unwrap(),
-    );
+    let r = run_build(&src, &out, &["--driver-version", "latest"]);
     assert_eq!(reason(&r), "InvalidArgument", "{}", r.doc);
     let r = finish(
         bin()
@@ -387,6 +344,17 @@ impl Job {
         finish(out)
     }
 
+    /// `build` of `source` for `release` into the job's `out`, after the
+    /// global flags `global`.
+    fn build(&self, global: &[&str], source: &str, release: &str, flavor: &str) -> Run {
+        let out = self.inner("out");
+        let mut args = global.to_vec();
+        args.extend([
+            "build", "--source", source, "--kernel", release, "--flavor", flavor, "--out", &out,
+        ]);
+        self.run(&args)
+    }
+
     fn remove(self) {
         let _ = fs::remove_dir_all(self.root.join(&self.rel));
     }
@@ -428,7 +396,6 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
     let _one = COMPILE.lock().unwrap_or_else(|e| e.into_inner());
     let release = root_kernel_release(&root);
     let job = Job::new(&root, &format!("{suite}-{flavor}"));
-    let out = job.inner("out");
     let (source, from_run) = match &source {
         Source::InRoot(p) => (p.to_string(), false),
         Source::Runfile(run) => {
@@ -437,9 +404,7 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
             (inner, true)
         }
     };
-    let r = job.run(&[
-        "build", "--source", &source, "--kernel", &release, "--flavor", flavor, "--out", &out,
-    ]);
+    let r = job.build(&[], &source, &release, flavor);
     let s = &r.doc["status"];
     assert_eq!(
         (r.code, reason(&r)),
@@ -799,20 +764,12 @@ fn compile_bookworm_arm64_open_535_cross() {
     let release = root_kernel_release(&root);
     assert!(release.ends_with("-arm64"), "{release}");
     let job = Job::new(&root, "arm64-arch-flag");
-    let out = job.inner("out");
-    let r = job.run(&[
-        "--arch",
-        "x86_64",
-        "build",
-        "--source",
+    let r = job.build(
+        &["--arch", "x86_64"],
         "/usr/src/nvidia-open-kernel.tar.xz",
-        "--kernel",
         &release,
-        "--flavor",
         "open",
-        "--out",
-        &out,
-    ]);
+    );
     assert_eq!(
         (r.code, reason(&r)),
         (13, "KernelHeadersMismatch"),
@@ -836,18 +793,7 @@ fn compile_trixie_open_fails_with_kernel_api_mismatch() {
     let _one = COMPILE.lock().unwrap_or_else(|e| e.into_inner());
     let release = root_kernel_release(&root);
     let job = Job::new(&root, "trixie-open");
-    let out = job.inner("out");
-    let r = job.run(&[
-        "build",
-        "--source",
-        "/usr/src/nvidia-open-kernel.tar.xz",
-        "--kernel",
-        &release,
-        "--flavor",
-        "open",
-        "--out",
-        &out,
-    ]);
+    let r = job.build(&[], "/usr/src/nvidia-open-kernel.tar.xz", &release, "open");
     let s = &r.doc["status"];
     assert_eq!(
         (r.code, reason(&r)),

@@ -392,22 +392,8 @@ fn headers_release_and_common_dir_files() {
 /// Debian's split layout: an arch dir whose Makefile includes a common dir
 /// by absolute path.
 fn debian_headers(base: &Path, release: &str, uts: &str, kernel_release_file: &str) -> PathBuf {
-    let arch = base.join(format!("usr/src/linux-headers-{release}"));
-    let common = base.join("usr/src/linux-headers-common");
-    fs::create_dir_all(arch.join("include/generated")).unwrap();
+    let arch = crate::support::kernel_headers::debian_split(base, release, uts);
     fs::create_dir_all(arch.join("include/config")).unwrap();
-    fs::create_dir_all(common.join("include/linux")).unwrap();
-    fs::write(
-        arch.join("Makefile"),
-        "include /usr/src/linux-headers-common/Makefile\n",
-    )
-    .unwrap();
-    fs::write(common.join("Makefile"), "# common\n").unwrap();
-    fs::write(
-        arch.join("include/generated/utsrelease.h"),
-        format!("#define UTS_RELEASE \"{uts}\"\n"),
-    )
-    .unwrap();
     fs::write(
         arch.join("include/config/kernel.release"),
         kernel_release_file,

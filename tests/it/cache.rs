@@ -60,6 +60,9 @@ impl Run {
     fn outcome(&self) -> &str {
         self.cache()["outcome"].as_str().unwrap_or("")
     }
+    fn message(&self) -> &str {
+        self.doc["status"]["message"].as_str().unwrap()
+    }
     fn artifact(&self) -> PathBuf {
         PathBuf::from(self.doc["status"]["artifact"].as_str().unwrap())
     }
@@ -374,6 +377,30 @@ fn run_s3(server: &S3Server, mut c: Command) -> Run {
     finish(c.output().unwrap())
 }
 
+/// A server, a fixture and a prefix `p` holding one artifact, stored by a
+/// first build (output `a`) that missed; `None` where S3 tests are skipped.
+fn s3_after_a_first_miss() -> Option<(S3Server, Fixture, String)> {
+    let server = S3Server::start()?;
+    let fx = Fixture::new(0);
+    let url = server.url("p");
+    let a = run_s3(&server, fx.build("a", &url, &[]));
+    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
+    Some((server, fx, url))
+}
+
+/// Rewrites the one stored artifact with `damage` of its bytes, then
+/// builds again (output `b`).
+fn rebuild_after_damage(
+    server: &S3Server,
+    fx: &Fixture,
+    url: &str,
+    damage: impl FnOnce(Vec<u8>) -> Vec<u8>,
+) -> Run {
+    let obj = find(&server.bucket_dir(), "artifact-");
+    fs::write(&obj, damage(fs::read(&obj).unwrap())).unwrap();
+    run_s3(server, fx.build("b", url, &[]))
+}
+
 // ------------------------------------------------------------ S3 tests
 
 #[test]
@@ -441,22 +468,16 @@ fn s3_miss_stores_then_every_later_build_is_a_verified_hit() {
 
 #[test]
 fn s3_corrupted_artifact_is_detected_rebuilt_and_replaced() {
-    let Some(server) = S3Server::start() else {
+    let Some((server, fx, url)) = s3_after_a_first_miss() else {
         return;
     };
-    let fx = Fixture::new(0);
-    let url = server.url("p");
-    let a = run_s3(&server, fx.build("a", &url, &[]));
-    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
 
     // One flipped byte in the middle of the stored artifact.
-    let obj = find(&server.bucket_dir(), "artifact-");
-    let mut bytes = fs::read(&obj).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x55;
-    fs::write(&obj, &bytes).unwrap();
-
-    let b = run_s3(&server, fx.build("b", &url, &[]));
+    let b = rebuild_after_damage(&server, &fx, &url, |mut bytes| {
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x55;
+        bytes
+    });
     assert_eq!(b.reason(), "Built", "{}\n{}", b.doc, b.stderr);
     assert_eq!(b.outcome(), "Corrupt", "{}", b.doc);
     let warning = b.cache()["warnings"][0].as_str().unwrap();
@@ -471,18 +492,13 @@ fn s3_corrupted_artifact_is_detected_rebuilt_and_replaced() {
 
 #[test]
 fn s3_truncated_objects_are_corrupt() {
-    let Some(server) = S3Server::start() else {
+    let Some((server, fx, url)) = s3_after_a_first_miss() else {
         return;
     };
-    let fx = Fixture::new(0);
-    let url = server.url("p");
-    let a = run_s3(&server, fx.build("a", &url, &[]));
-    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
 
-    let obj = find(&server.bucket_dir(), "artifact-");
-    let bytes = fs::read(&obj).unwrap();
-    fs::write(&obj, &bytes[..bytes.len() / 3]).unwrap();
-    let b = run_s3(&server, fx.build("b", &url, &[]));
+    let b = rebuild_after_damage(&server, &fx, &url, |bytes| {
+        bytes[..bytes.len() / 3].to_vec()
+    });
     assert_eq!(b.outcome(), "Corrupt", "{}\n{}", b.doc, b.stderr);
     let warning = b.cache()["warnings"][0].as_str().unwrap();
     assert!(warning.contains("truncated"), "{warning}");
@@ -659,7 +675,7 @@ fn s3_plain_http_endpoint_needs_allow_http() {
     let r = finish(c.output().unwrap());
     assert_eq!(r.reason(), "InsecureUrl", "{}", r.doc);
     assert_eq!(r.code, 12, "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("AWS_ENDPOINT_URL=http://127.0.0.1:9"), "{msg}");
     assert!(msg.contains("--allow-http"), "{msg}");
     assert_eq!(fx.compiles(), 0);
@@ -799,10 +815,7 @@ fn packages_come_from_the_store_when_checksummed_and_never_otherwise() {
     let r = fetch(&sum, &cache_dir);
     assert_eq!(r.reason(), "Fetched", "{}\n{}", r.doc, r.stderr);
     assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("came from the cache store"),
+        r.message().contains("came from the cache store"),
         "{}",
         r.doc
     );
@@ -853,10 +866,7 @@ fn a_package_downloaded_elsewhere_is_stored_for_the_other_nodes() {
     let r = fetch(second.path());
     assert_eq!(r.reason(), "Fetched", "{}\n{}", r.doc, r.stderr);
     assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("came from the cache store"),
+        r.message().contains("came from the cache store"),
         "{}",
         r.doc
     );
@@ -996,7 +1006,7 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
     );
     assert_eq!(r.reason(), "ArtifactNotCached", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 13, "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("artifacts/v") && msg.contains("prebuild"),
         "{msg}"
@@ -1067,7 +1077,7 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
     let r = run_s3(&server, run_node(&node, &pkg, &url, &only(&wrong)));
     assert_eq!(r.reason(), "ChecksumMismatch", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 12);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains(&wrong) && msg.contains(&sha), "{msg}");
     assert_eq!(fx.compiles(), 1);
 
@@ -1130,7 +1140,7 @@ fn s3_a_build_job_that_cannot_write_the_store_fails_cache_write_failed() {
     let r = finish(c.output().unwrap());
     assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 13);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("not in the cache") && msg.contains("Unavailable"),
         "{msg}"
@@ -1154,7 +1164,7 @@ fn s3_a_build_job_that_cannot_write_the_store_fails_cache_write_failed() {
     );
     assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 13);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("(cache Miss: ") && msg.contains("not stored"),
         "{msg}"
@@ -1219,6 +1229,19 @@ fn file_store_a_read_only_run_writes_nothing_even_on_a_miss() {
     );
 }
 
+/// `prebuild` for [`TARGET`] without the flag `missing` (and its value),
+/// then `extra`.
+fn prebuild_args<'a>(missing: Option<&str>, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["prebuild"];
+    for pair in TARGET.chunks(2) {
+        if Some(pair[0]) != missing {
+            args.extend_from_slice(pair);
+        }
+    }
+    args.extend_from_slice(extra);
+    args
+}
+
 #[test]
 fn prebuild_and_install_job_flags_are_checked_before_anything_runs() {
     let fx = Fixture::new(0);
@@ -1227,62 +1250,16 @@ fn prebuild_and_install_job_flags_are_checked_before_anything_runs() {
     let any_sha = "a".repeat(64);
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
-            vec![
-                "prebuild",
-                "--os-id",
-                "debian",
-                "--os-version",
-                "12",
-                "--arch",
-                "amd64",
-                "--cache-url",
-                &url,
-            ],
+            prebuild_args(Some("--kernel-release"), &["--cache-url", &url]),
             "--kernel-release",
         ),
         (
-            vec![
-                "prebuild",
-                "--os-id",
-                "debian",
-                "--os-version",
-                "12",
-                "--kernel-release",
-                REL,
-                "--cache-url",
-                &url,
-            ],
+            prebuild_args(Some("--arch"), &["--cache-url", &url]),
             "--arch",
         ),
+        (prebuild_args(None, &[]), "--cache-url"),
         (
-            vec![
-                "prebuild",
-                "--os-id",
-                "debian",
-                "--os-version",
-                "12",
-                "--kernel-release",
-                REL,
-                "--arch",
-                "amd64",
-            ],
-            "--cache-url",
-        ),
-        (
-            vec![
-                "prebuild",
-                "--os-id",
-                "debian",
-                "--os-version",
-                "12",
-                "--kernel-release",
-                REL,
-                "--arch",
-                "amd64",
-                "--cache-url",
-                &url,
-                "--cache-read-only",
-            ],
+            prebuild_args(None, &["--cache-url", &url, "--cache-read-only"]),
             "--cache-read-only",
         ),
         (
@@ -1310,7 +1287,7 @@ fn prebuild_and_install_job_flags_are_checked_before_anything_runs() {
             r.stderr
         );
         assert_eq!(r.code, 4, "{args:?}");
-        let msg = r.doc["status"]["message"].as_str().unwrap();
+        let msg = r.message();
         assert!(msg.contains(says), "{args:?}: {msg}");
         assert!(
             r.doc["status"]["steps"].as_array().unwrap().is_empty(),

@@ -54,6 +54,21 @@ fn job(name: &str, node: &str, annotations: Value) -> String {
     .to_string()
 }
 
+/// Waits until the `kind` (`job` or `node`) `name` has the condition
+/// `condition` True.
+fn wait_condition(c: &Cluster, kind: &str, name: &str, condition: &str) {
+    let mut what = vec![kind, name];
+    if kind == "job" {
+        what.extend(["-n", "default"]);
+    }
+    c.wait_for(
+        &what,
+        &format!("{{.status.conditions[?(@.type==\"{condition}\")].status}}"),
+        "True",
+        WAIT,
+    );
+}
+
 fn pod_of(c: &Cluster, job: &str) -> Value {
     let pods = c.kubectl(&[
         "get",
@@ -92,12 +107,7 @@ fn control_plane_runs_jobs_on_simulated_nodes() {
     assert_eq!((status, body.as_str()), (200, "ok"));
 
     c.apply(&node("gpu-node-1"));
-    c.wait_for(
-        &["node", "gpu-node-1"],
-        r#"{.status.conditions[?(@.type=="Ready")].status}"#,
-        "True",
-        WAIT,
-    );
+    wait_condition(&c, "node", "gpu-node-1", "Ready");
     let n: Value =
         serde_json::from_str(&c.kubectl(&["get", "node", "gpu-node-1", "-o", "json"])).unwrap();
     assert_eq!(
@@ -135,12 +145,7 @@ fn control_plane_runs_jobs_on_simulated_nodes() {
         "gpu-node-1",
         serde_json::json!({ TERMINATION_MESSAGE: message }),
     ));
-    c.wait_for(
-        &["job", "install-ok", "-n", "default"],
-        r#"{.status.conditions[?(@.type=="Complete")].status}"#,
-        "True",
-        WAIT,
-    );
+    wait_condition(&c, "job", "install-ok", "Complete");
     let pod = pod_of(&c, "install-ok");
     assert_eq!(pod["status"]["phase"], "Succeeded", "{pod}");
     assert_eq!(pod["spec"]["nodeName"], "gpu-node-1");
@@ -158,12 +163,7 @@ fn control_plane_runs_jobs_on_simulated_nodes() {
         "gpu-node-1",
         serde_json::json!({ EXIT_CODE: "3", TERMINATION_MESSAGE: "compile failed" }),
     ));
-    c.wait_for(
-        &["job", "install-fail", "-n", "default"],
-        r#"{.status.conditions[?(@.type=="Failed")].status}"#,
-        "True",
-        WAIT,
-    );
+    wait_condition(&c, "job", "install-fail", "Failed");
     let pod = pod_of(&c, "install-fail");
     assert_eq!(pod["status"]["phase"], "Failed", "{pod}");
     let terminated = &pod["status"]["containerStatuses"][0]["state"]["terminated"];
@@ -177,12 +177,7 @@ fn manual_job_pods_wait_for_the_test_to_finish_them() {
         return;
     };
     c.apply(&node("gpu-node-2"));
-    c.wait_for(
-        &["node", "gpu-node-2"],
-        r#"{.status.conditions[?(@.type=="Ready")].status}"#,
-        "True",
-        WAIT,
-    );
+    wait_condition(&c, "node", "gpu-node-2", "Ready");
     c.apply(&job("detect", "gpu-node-2", serde_json::json!({})));
     // The pod runs and stays running: nothing has finished it yet.
     c.wait_for(
@@ -211,12 +206,7 @@ fn manual_job_pods_wait_for_the_test_to_finish_them() {
     c.kubectl(&[
         "patch", "pod", name, "-n", "default", "--type", "merge", "-p", &patch,
     ]);
-    c.wait_for(
-        &["job", "detect", "-n", "default"],
-        r#"{.status.conditions[?(@.type=="Complete")].status}"#,
-        "True",
-        WAIT,
-    );
+    wait_condition(&c, "job", "detect", "Complete");
     let pod = pod_of(&c, "detect");
     assert_eq!(
         pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"],

@@ -97,6 +97,22 @@ fn message(doc: &Value) -> &str {
     doc["status"]["message"].as_str().unwrap()
 }
 
+/// The run failed verification (exit code 15) for `reason`.
+fn assert_failed(code: i32, doc: &Value, reason: &str) {
+    assert_eq!(
+        (code, doc["status"]["reason"].as_str()),
+        (15, Some(reason)),
+        "{doc}"
+    );
+}
+
+/// A host whose driver root holds a stub libcuda built with `defines`,
+/// and an `nvidia-smi` that succeeds.
+fn stub_host(dir: &Path, defines: &[&str]) -> PathBuf {
+    let lib = stub(dir, defines);
+    host(dir, SMI_OK, Some(&lib))
+}
+
 #[test]
 fn real_libcuda_without_a_gpu_reports_its_cuda_error() {
     let libcuda = test_data();
@@ -104,11 +120,7 @@ fn real_libcuda_without_a_gpu_reports_its_cuda_error() {
     let host = host(tmp.path(), SMI_OK, Some(&libcuda));
     let (code, doc) = run(&host, &[], &[]);
     eprintln!("verify with Debian's libcuda, no GPU: {}", message(&doc));
-    assert_eq!(
-        (code, doc["status"]["reason"].as_str()),
-        (15, Some("CudaCheckFailed")),
-        "{doc}"
-    );
+    assert_failed(code, &doc, "CudaCheckFailed");
     let cuda = &doc["status"]["cuda"];
     assert_eq!(cuda["ok"], false);
     // What NVIDIA's libcuda 535 returns here (no /dev/nvidia*, no module):
@@ -159,11 +171,7 @@ fn nvidia_smi_and_cuda_failing_are_both_reported() {
         Some(&libcuda),
     );
     let (code, doc) = run(&host, &[], &[]);
-    assert_eq!(
-        (code, doc["status"]["reason"].as_str()),
-        (15, Some("VerifyFailed")),
-        "{doc}"
-    );
+    assert_failed(code, &doc, "VerifyFailed");
     let msg = message(&doc);
     assert!(
         msg.contains("couldn't communicate with the NVIDIA driver"),
@@ -182,8 +190,7 @@ fn nvidia_smi_and_cuda_failing_are_both_reported() {
 #[test]
 fn a_stub_libcuda_passes_on_every_device() {
     let tmp = tempfile::tempdir().unwrap();
-    let lib = stub(tmp.path(), &["STUB_DEVICES=2"]);
-    let host = host(tmp.path(), SMI_OK, Some(&lib));
+    let host = stub_host(tmp.path(), &["STUB_DEVICES=2"]);
     let (code, doc) = run(&host, &[], &[]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(doc["status"]["reason"], "Verified");
@@ -213,14 +220,9 @@ fn a_stub_libcuda_passes_on_every_device() {
 #[test]
 fn fabric_manager_missing_is_cuda_check_failed_with_a_hint() {
     let tmp = tempfile::tempdir().unwrap();
-    let lib = stub(tmp.path(), &["STUB_FAIL=\"cuInit\"", "STUB_CODE=802"]);
-    let host = host(tmp.path(), SMI_OK, Some(&lib));
+    let host = stub_host(tmp.path(), &["STUB_FAIL=\"cuInit\"", "STUB_CODE=802"]);
     let (code, doc) = run(&host, &[], &[]);
-    assert_eq!(
-        (code, doc["status"]["reason"].as_str()),
-        (15, Some("CudaCheckFailed")),
-        "{doc}"
-    );
+    assert_failed(code, &doc, "CudaCheckFailed");
     let msg = message(&doc);
     assert!(
         msg.starts_with(
@@ -243,11 +245,7 @@ fn a_failing_device_and_a_corrupt_round_trip_are_named() {
     );
     let host1 = host(&tmp.path().join("a"), SMI_OK, Some(&lib));
     let (code, doc) = run(&host1, &[], &[]);
-    assert_eq!(
-        (code, doc["status"]["reason"].as_str()),
-        (15, Some("CudaCheckFailed")),
-        "{doc}"
-    );
+    assert_failed(code, &doc, "CudaCheckFailed");
     let devices = doc["status"]["cuda"]["devices"].as_array().unwrap();
     assert_eq!(devices[0]["ok"], true);
     assert_eq!(devices[1]["ok"], false);
@@ -279,11 +277,7 @@ fn a_driver_root_without_libcuda_names_the_path() {
     let tmp = tempfile::tempdir().unwrap();
     let host = host(tmp.path(), SMI_OK, None);
     let (code, doc) = run(&host, &[], &[]);
-    assert_eq!(
-        (code, doc["status"]["reason"].as_str()),
-        (15, Some("CudaCheckFailed")),
-        "{doc}"
-    );
+    assert_failed(code, &doc, "CudaCheckFailed");
     let msg = message(&doc);
     assert!(
         msg.starts_with(&format!(
@@ -315,8 +309,7 @@ fn a_driver_root_without_libcuda_names_the_path() {
 #[test]
 fn a_host_root_without_a_loader_is_refused_clearly() {
     let tmp = tempfile::tempdir().unwrap();
-    let lib = stub(tmp.path(), &[]);
-    let host = host(tmp.path(), SMI_OK, Some(&lib));
+    let host = stub_host(tmp.path(), &[]);
     fs::remove_dir_all(host.join("lib64")).unwrap();
     fs::remove_file(
         host.join(lib_dir())
@@ -328,11 +321,7 @@ fn a_host_root_without_a_loader_is_refused_clearly() {
     )
     .unwrap();
     let (code, doc) = run(&host, &[], &[]);
-    assert_eq!(
-        (code, doc["status"]["reason"].as_str()),
-        (15, Some("CudaCheckFailed")),
-        "{doc}"
-    );
+    assert_failed(code, &doc, "CudaCheckFailed");
     assert!(
         message(&doc).starts_with(&format!(
             "CUDA: no dynamic loader under the host root {}",
@@ -350,8 +339,7 @@ fn a_loader_that_refuses_the_helper_is_quoted() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let lib = stub(tmp.path(), &[]);
-    let host = host(tmp.path(), SMI_OK, Some(&lib));
+    let host = stub_host(tmp.path(), &[]);
     let loader = host.join(lib_dir()).join("ld-linux-x86-64.so.2");
     fs::write(
         &loader,
@@ -360,11 +348,7 @@ fn a_loader_that_refuses_the_helper_is_quoted() {
     .unwrap();
     fs::set_permissions(&loader, fs::Permissions::from_mode(0o755)).unwrap();
     let (code, doc) = run(&host, &[], &[]);
-    assert_eq!(
-        (code, doc["status"]["reason"].as_str()),
-        (15, Some("CudaCheckFailed")),
-        "{doc}"
-    );
+    assert_failed(code, &doc, "CudaCheckFailed");
     let msg = message(&doc);
     assert!(
         msg.starts_with(&format!(
@@ -386,14 +370,13 @@ fn the_helper_never_sees_the_installers_environment() {
     // The stub fails cuInit with 304 when the variable reaches it; the
     // installer's own environment has it.
     let tmp = tempfile::tempdir().unwrap();
-    let lib = stub(
+    let host = stub_host(
         tmp.path(),
         &[
             "STUB_FAIL_IF_ENV=\"GPU_DRIVER_TEST_SECRET\"",
             "STUB_CODE=304",
         ],
     );
-    let host = host(tmp.path(), SMI_OK, Some(&lib));
     let (code, doc) = run(&host, &[], &[("GPU_DRIVER_TEST_SECRET", "must-not-leak")]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(doc["status"]["cuda"]["ok"], true, "{doc}");

@@ -24,13 +24,10 @@ use gpu_driver_installer::host::ModuleFlavor;
 // ---------------------------------------------------------------- helpers
 
 fn require_tool(tool: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{tool}` is not installed; these tests need Debian's makeself, xz-utils, bzip2 and zstd \
-         (`apt-get install makeself xz-utils bzip2 zstd`, or run `bash .ci/run`)"
+    crate::support::tools::require_tool(
+        tool,
+        "these tests need Debian's makeself, xz-utils, bzip2 and zstd \
+         (`apt-get install makeself xz-utils bzip2 zstd`, or run `bash .ci/run`)",
     );
 }
 
@@ -183,6 +180,14 @@ fn set_line(header: &str, key: &str, value: &str) -> String {
         + "\n"
 }
 
+/// The header's `skip="N"`: its length in lines.
+fn header_skip(text: &str) -> usize {
+    text.lines()
+        .find_map(|l| l.strip_prefix("skip=\""))
+        .and_then(|v| v.trim_end_matches('"').parse().ok())
+        .expect("makeself header has skip=\"N\"")
+}
+
 /// A genuine makeself header (from running makeself with `flag`) in front
 /// of other payload chunks, with sizes and MD5/SHA256/CRC computed by
 /// md5sum, sha256sum and cksum: for payloads makeself cannot be made to
@@ -196,11 +201,7 @@ fn makeself_with_payloads(work: &Path, flag: &str, chunks: &[Vec<u8>]) -> PathBu
     makeself(&[flag, "--sha256"], &template, &run);
     let bytes = fs::read(&run).unwrap();
     let text = String::from_utf8_lossy(&bytes);
-    let skip: usize = text
-        .lines()
-        .find_map(|l| l.strip_prefix("skip=\""))
-        .and_then(|v| v.trim_end_matches('"').parse().ok())
-        .expect("makeself header has skip=\"N\"");
+    let skip = header_skip(&text);
     let mut header = String::from_utf8(bytes[..after_lines(&bytes, skip)].to_vec()).unwrap();
     let join =
         |f: &dyn Fn(&[u8]) -> String| chunks.iter().map(|c| f(c)).collect::<Vec<_>>().join(" ");
@@ -314,6 +315,28 @@ fn expect_err(src: &Path, dest: &Path, reason: Reason, needle: &str) -> String {
     err.to_string()
 }
 
+/// A work directory holding a driver tree at `pkg`.
+fn work_with_driver_tree() -> (tempfile::TempDir, PathBuf) {
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("pkg");
+    driver_tree(&tree);
+    (work, tree)
+}
+
+/// A work directory with that tree packed by makeself (`flags`) into
+/// `driver.run`; returns the work directory and the package.
+fn packed_driver(flags: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let (work, tree) = work_with_driver_tree();
+    let run = work.path().join("driver.run");
+    makeself(flags, &tree, &run);
+    (work, run)
+}
+
+/// [`expect_err`] for an invalid archive extracted to `<work>/<out>`.
+fn expect_invalid(src: &Path, work: &Path, out: &str, needle: &str) -> String {
+    expect_err(src, &work.join(out), Reason::ArchiveInvalid, needle)
+}
+
 // ------------------------------------------------------ makeself archives
 
 #[test]
@@ -360,11 +383,7 @@ fn makeself_archives_of_every_supported_compression() {
 
 #[test]
 fn makeself_without_embedded_checksums_still_extracts() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
-    let run = work.path().join("driver.run");
-    makeself(&["--xz", "--nomd5", "--nocrc"], &tree, &run);
+    let (work, run) = packed_driver(&["--xz", "--nomd5", "--nocrc"]);
     let report = extract_package(&run, &work.path().join("out")).unwrap();
     assert!(report.checksums_verified.is_empty(), "{report:?}");
     assert_driver_tree(&work.path().join("out"));
@@ -372,9 +391,7 @@ fn makeself_without_embedded_checksums_still_extracts() {
 
 #[test]
 fn makeself_checksum_mismatch_names_the_checksum() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
+    let (work, tree) = work_with_driver_tree();
     // Which checksum the header carries decides which one must fail.
     for (flags, name) in [
         (&["--gzip", "--sha256"][..], "SHA256"),
@@ -395,42 +412,19 @@ fn makeself_checksum_mismatch_names_the_checksum() {
 
 #[test]
 fn truncated_makeself_is_invalid() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
-    let run = work.path().join("driver.run");
-    makeself(&["--xz"], &tree, &run);
+    let (work, run) = packed_driver(&["--xz"]);
     let bytes = fs::read(&run).unwrap();
     fs::write(&run, &bytes[..bytes.len() - 100]).unwrap();
-    expect_err(
-        &run,
-        &work.path().join("out"),
-        Reason::ArchiveInvalid,
-        "truncated",
-    );
+    expect_invalid(&run, work.path(), "out", "truncated");
     // Cut inside the header: no payload at all.
     fs::write(&run, &bytes[..2000]).unwrap();
-    expect_err(
-        &run,
-        &work.path().join("out"),
-        Reason::ArchiveInvalid,
-        "truncated",
-    );
+    expect_invalid(&run, work.path(), "out", "truncated");
 }
 
 #[test]
 fn unsupported_makeself_encoding_is_named() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
-    let run = work.path().join("driver.run");
-    makeself(&["--base64"], &tree, &run);
-    expect_err(
-        &run,
-        &work.path().join("out"),
-        Reason::ArchiveInvalid,
-        "base64",
-    );
+    let (work, run) = packed_driver(&["--base64"]);
+    expect_invalid(&run, work.path(), "out", "base64");
 }
 
 #[test]
@@ -476,30 +470,17 @@ fn makeself_header_naming_another_compression_is_invalid() {
     let work = tempfile::tempdir().unwrap();
     let payload = xz(&raw_tar(&[Raw::File("a", b"a\n")]));
     let run = makeself_with_payloads(work.path(), "--gzip", &[payload]);
-    expect_err(
-        &run,
-        &work.path().join("out"),
-        Reason::ArchiveInvalid,
-        "gzip -cd",
-    );
+    expect_invalid(&run, work.path(), "out", "gzip -cd");
 }
 
 /// makeself 2.1.x wrote the header size as a literal (`head -n 402 "$0"`);
 /// rewrite a real 2.4.5 header into that form (same line count).
 #[test]
 fn makeself_2_1_style_literal_header_size() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
-    let run = work.path().join("driver.run");
-    makeself(&["--gzip"], &tree, &run);
+    let (work, run) = packed_driver(&["--gzip"]);
     let bytes = fs::read(&run).unwrap();
     let text = String::from_utf8_lossy(&bytes);
-    let skip: usize = text
-        .lines()
-        .find_map(|l| l.strip_prefix("skip=\""))
-        .and_then(|v| v.trim_end_matches('"').parse().ok())
-        .unwrap();
+    let skip = header_skip(&text);
     let end = after_lines(&bytes, skip);
     let header = String::from_utf8(bytes[..end].to_vec()).unwrap();
     let header = header
@@ -581,12 +562,7 @@ fn nvidia_style_header() {
     let n = bad.len();
     bad[n - 10] ^= 0x10;
     fs::write(&run, bad).unwrap();
-    expect_err(
-        &run,
-        &work.path().join("out2"),
-        Reason::ArchiveInvalid,
-        "MD5",
-    );
+    expect_invalid(&run, work.path(), "out2", "MD5");
 }
 
 // ------------------------------------------------------ hostile tarballs
@@ -694,9 +670,7 @@ fn tarball_links_inside_are_kept() {
 
 #[test]
 fn truncated_tarballs_are_invalid() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
+    let (work, tree) = work_with_driver_tree();
     let tar = tar_of(&tree, "pkg");
     // Compressed and cut: the decompressor notices.
     for (name, bytes) in [
@@ -707,32 +681,17 @@ fn truncated_tarballs_are_invalid() {
     ] {
         let cut = work.path().join(format!("cut.tar.{name}"));
         fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-        expect_err(
-            &cut,
-            &work.path().join("out1"),
-            Reason::ArchiveInvalid,
-            "cut.tar",
-        );
+        expect_invalid(&cut, work.path(), "out1", "cut.tar");
         // Only the compressor's trailer missing: the tar is whole, the
         // stream is not.
         fs::write(&cut, &bytes[..bytes.len() - 4]).unwrap();
-        expect_err(
-            &cut,
-            &work.path().join("out1"),
-            Reason::ArchiveInvalid,
-            "cut.tar",
-        );
+        expect_invalid(&cut, work.path(), "out1", "cut.tar");
     }
     // Plain and cut at a block boundary after the first entries: only the
     // missing end-of-archive marker tells.
     let plain = work.path().join("cut.tar");
     fs::write(&plain, &tar[..2048]).unwrap();
-    expect_err(
-        &plain,
-        &work.path().join("out2"),
-        Reason::ArchiveInvalid,
-        "truncated",
-    );
+    expect_invalid(&plain, work.path(), "out2", "truncated");
 }
 
 #[test]
@@ -797,9 +756,7 @@ fn directory_sources_are_copied_with_the_same_rules() {
 
 #[test]
 fn existing_target_and_unknown_files_are_errors() {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("pkg");
-    driver_tree(&tree);
+    let (work, tree) = work_with_driver_tree();
     let dest = work.path().join("out");
     fs::create_dir(&dest).unwrap();
     let err = extract_package(&tree, &dest).unwrap_err();
@@ -807,12 +764,7 @@ fn existing_target_and_unknown_files_are_errors() {
 
     let junk = work.path().join("junk.run");
     fs::write(&junk, b"just some text\n").unwrap();
-    expect_err(
-        &junk,
-        &work.path().join("out2"),
-        Reason::ArchiveInvalid,
-        "not a makeself",
-    );
+    expect_invalid(&junk, work.path(), "out2", "not a makeself");
 }
 
 // ------------------------------------------------------ Debian's real tarball
@@ -877,6 +829,19 @@ fn sparse_bomb() -> Vec<u8> {
     gzip(&b.into_inner().unwrap())
 }
 
+/// Extraction of `src` within these limits is refused as unsafe and
+/// leaves nothing at `dest`; returns the error's message.
+fn refused_over_limits(src: &Path, dest: &Path, max_bytes: u64, max_entries: u64) -> String {
+    let limits = Limits {
+        max_bytes,
+        max_entries,
+    };
+    let err = extract_package_with(src, dest, limits).expect_err("must be refused");
+    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
+    assert_nothing_left(dest);
+    err.to_string()
+}
+
 #[test]
 fn a_decompression_bomb_stops_at_the_size_limit() {
     let work = tempfile::tempdir().unwrap();
@@ -885,28 +850,16 @@ fn a_decompression_bomb_stops_at_the_size_limit() {
     assert!(bytes.len() < 1024, "{} bytes", bytes.len());
     fs::write(&bomb, bytes).unwrap();
     let dest = work.path().join("out");
-    let limits = Limits {
-        max_bytes: 64 << 20,
-        max_entries: 1000,
-    };
-    let err = extract_package_with(&bomb, &dest, limits).expect_err("must be refused");
-    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
+    let err = refused_over_limits(&bomb, &dest, 64 << 20, 1000);
     assert!(
-        err.to_string().contains("64 MiB") && err.to_string().contains("--max-unpacked-size"),
+        err.contains("64 MiB") && err.contains("--max-unpacked-size"),
         "{err}"
     );
-    assert_nothing_left(&dest);
 
     // Zeros that compress 1000:1 take the same road.
     let zeros = gzip(&raw_tar(&[Raw::File("z", &vec![0u8; 2 << 20])]));
     fs::write(&bomb, zeros).unwrap();
-    let small = Limits {
-        max_bytes: 1 << 20,
-        max_entries: 1000,
-    };
-    let err = extract_package_with(&bomb, &dest, small).expect_err("must be refused");
-    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
-    assert_nothing_left(&dest);
+    refused_over_limits(&bomb, &dest, 1 << 20, 1000);
 }
 
 #[test]
@@ -917,14 +870,8 @@ fn an_archive_of_too_many_entries_is_refused() {
     let src = work.path().join("many.tar.gz");
     fs::write(&src, gzip(&raw_tar(&entries))).unwrap();
     let dest = work.path().join("out");
-    let limits = Limits {
-        max_bytes: 1 << 20,
-        max_entries: 10,
-    };
-    let err = extract_package_with(&src, &dest, limits).expect_err("must be refused");
-    assert_eq!(err.reason, Reason::UnsafeArchive, "{err}");
-    assert!(err.to_string().contains("--max-unpacked-entries"), "{err}");
-    assert_nothing_left(&dest);
+    let err = refused_over_limits(&src, &dest, 1 << 20, 10);
+    assert!(err.contains("--max-unpacked-entries"), "{err}");
     // Within the limit it unpacks.
     let ok = Limits {
         max_bytes: 1 << 20,

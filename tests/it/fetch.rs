@@ -25,6 +25,12 @@ struct Run {
     doc: Value,
 }
 
+impl Run {
+    fn message(&self) -> &str {
+        self.doc["status"]["message"].as_str().unwrap()
+    }
+}
+
 fn fetch(cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"));
     for v in PROXY_VARS {
@@ -54,6 +60,49 @@ fn fetch(cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     }
 }
 
+/// The common plain-HTTP fetch: `url` checked against `sum`, with `extra` flags.
+fn fetch_http(cache: &Path, url: &str, sum: &str, extra: &[&str]) -> Run {
+    fetch_http_env(cache, url, sum, extra, &[])
+}
+
+fn fetch_http_env(cache: &Path, url: &str, sum: &str, extra: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut args = vec!["--url", url, "--sha256", sum, "--allow-http"];
+    args.extend_from_slice(extra);
+    fetch(cache, &args, env)
+}
+
+/// [`fetch_http`] of the server's `/p.run` into a fresh cache directory.
+fn fetch_p_run(server: &Server, sum: &str, extra: &[&str]) -> (tempfile::TempDir, Run) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = fetch_http(dir.path(), &server.url("/p.run"), sum, extra);
+    (dir, r)
+}
+
+/// A server whose first answer is cut after `send` bytes of `body`; the
+/// later ones are `then(body)`.
+fn cut_once_then(body: &[u8], send: usize, then: fn(Vec<u8>) -> Reply) -> Server {
+    let b = body.to_vec();
+    Server::start(move |req: &Request| {
+        if req.index == 0 {
+            Reply::Cut {
+                body: b.clone(),
+                send,
+            }
+        } else {
+            then(b.clone())
+        }
+    })
+}
+
+/// A body of `len` bytes (pattern `seed`), its sha256, and a server that
+/// answers every request with it, honouring Range.
+fn served(len: usize, seed: u64) -> (Vec<u8>, String, Server) {
+    let body = bytes(len, seed);
+    let sum = sha256_hex(&body);
+    let b = body.clone();
+    (body, sum, Server::start(move |_| Reply::Ranged(b.clone())))
+}
+
 fn cache_files(cache: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(cache)
         .map(|d| {
@@ -68,10 +117,7 @@ fn cache_files(cache: &Path) -> Vec<String> {
 
 #[test]
 fn downloads_verifies_and_then_hits_the_cache_without_network() {
-    let body = bytes(300_000, 1);
-    let sum = sha256_hex(&body);
-    let b = body.clone();
-    let server = Server::start(move |_| Reply::Ranged(b.clone()));
+    let (body, sum, server) = served(300_000, 1);
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/NVIDIA-Linux-x86_64-580.95.05.run");
     let args = ["--url", &url, "--sha256", &sum, "--allow-http"];
@@ -99,30 +145,18 @@ fn downloads_verifies_and_then_hits_the_cache_without_network() {
         let r = fetch(dir.path(), &a, &[]);
         assert_eq!(r.code, 0);
         assert_eq!(r.doc["status"]["cacheHit"], true);
-        assert!(
-            r.doc["status"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("no network")
-        );
+        assert!(r.message().contains("no network"));
     }
     assert_eq!(server.count(), 1, "a cache hit must not touch the network");
 }
 
 #[test]
 fn a_corrupted_cache_entry_is_replaced() {
-    let body = bytes(50_000, 2);
-    let sum = sha256_hex(&body);
-    let b = body.clone();
-    let server = Server::start(move |_| Reply::Ranged(b.clone()));
+    let (body, sum, server) = served(50_000, 2);
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join(&sum), b"tampered").unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(r.doc["status"]["cacheHit"], false);
     assert_eq!(fs::read(dir.path().join(&sum)).unwrap(), body);
@@ -148,24 +182,8 @@ fn offline_without_cache_is_not_cached_and_silent() {
 fn a_cut_connection_resumes_with_range() {
     let body = bytes(1_000_000, 3);
     let sum = sha256_hex(&body);
-    let b = body.clone();
-    let server = Server::start(move |req: &Request| {
-        if req.index == 0 {
-            Reply::Cut {
-                body: b.clone(),
-                send: 400_000,
-            }
-        } else {
-            Reply::Ranged(b.clone())
-        }
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let server = cut_once_then(&body, 400_000, Reply::Ranged);
+    let (dir, r) = fetch_p_run(&server, &sum, &[]);
     let s = &r.doc["status"];
     assert_eq!(r.code, 0, "{}", r.doc);
     let log = server.log();
@@ -185,25 +203,9 @@ fn a_cut_connection_resumes_with_range() {
 fn a_server_that_ignores_range_gets_a_fresh_download() {
     let body = bytes(600_000, 4);
     let sum = sha256_hex(&body);
-    let b = body.clone();
-    let server = Server::start(move |req: &Request| {
-        if req.index == 0 {
-            Reply::Cut {
-                body: b.clone(),
-                send: 200_000,
-            }
-        } else {
-            // Ignores Range: answers 200 with the whole body.
-            Reply::Full(200, vec![], b.clone())
-        }
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    // Ignores Range: answers 200 with the whole body.
+    let server = cut_once_then(&body, 200_000, |b| Reply::Full(200, vec![], b));
+    let (dir, r) = fetch_p_run(&server, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     let a = &r.doc["status"]["attempts"][1];
     assert_eq!(a["httpStatus"], 200);
@@ -225,11 +227,7 @@ fn transient_errors_are_retried_then_give_up() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     let codes: Vec<Value> = r.doc["status"]["attempts"]
         .as_array()
@@ -246,37 +244,16 @@ fn transient_errors_are_retried_then_give_up() {
     let server = Server::start(|_| Reply::Full(503, vec![], vec![]));
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--retries",
-            "2",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &["--retries", "2"]);
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
     assert_eq!(server.count(), 3);
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("HTTP 503")
-    );
+    assert!(r.message().contains("HTTP 503"));
 
     // A 404 is not retried.
     let server = Server::start(|_| Reply::Full(404, vec![], vec![]));
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
     assert_eq!(server.count(), 1);
 }
@@ -287,11 +264,7 @@ fn the_wrong_body_is_a_checksum_mismatch_and_is_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let sum = sha256_hex(b"what we expected");
     let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &[]);
     let s = &r.doc["status"];
     assert_eq!(r.code, 12);
     assert_eq!(s["phase"], "Failed");
@@ -316,40 +289,12 @@ fn mirrors_are_tried_in_order() {
     let url = primary.url("/tesla/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run");
     let m1 = bad_mirror.url("/m");
     let m2 = good_mirror.url("/{version}/{file}");
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--mirror",
-            &m1,
-            "--mirror",
-            &m2,
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &["--mirror", &m1, "--mirror", &m2]);
     // {version} is unknown for a bare --url: that mirror is refused clearly.
     assert_eq!(r.doc["status"]["reason"], "InvalidArgument", "{}", r.doc);
 
     let m2 = good_mirror.url("/nv/");
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--mirror",
-            &m1,
-            "--mirror",
-            &m2,
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &url, &sum, &["--mirror", &m1, "--mirror", &m2]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(
         r.doc["status"]["sourceUrl"],
@@ -374,12 +319,7 @@ fn plain_http_is_refused_without_opt_in() {
     );
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "InsecureUrl");
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--allow-http")
-    );
+    assert!(r.message().contains("--allow-http"));
     assert_eq!(server.count(), 0);
 }
 
@@ -434,12 +374,7 @@ fn checksums_come_from_companions_and_manifests() {
     let r = fetch(&cache, &["--url", &url, "--ca-bundle", ca], &[]);
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "ChecksumMissing");
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--sha256")
-    );
+    assert!(r.message().contains("--sha256"));
     assert_eq!(cache_files(&cache), Vec::<String>::new());
 
     // The same companion and manifest over plain HTTP (allowed for the
@@ -452,7 +387,7 @@ fn checksums_come_from_companions_and_manifests() {
         let cache = dir.path().join("c4");
         let r = fetch(&cache, &["--url", &plain.url(path), "--allow-http"], &[]);
         assert_eq!(r.doc["status"]["reason"], "ChecksumMissing", "{}", r.doc);
-        let msg = r.doc["status"]["message"].as_str().unwrap();
+        let msg = r.message();
         assert!(msg.contains("plain HTTP"), "{msg}");
         assert_eq!(cache_files(&cache), Vec::<String>::new());
     }
@@ -469,24 +404,15 @@ fn a_stalled_read_times_out() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/p.run");
-    let r = fetch(
+    let r = fetch_http(
         dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--read-timeout",
-            "1",
-            "--retries",
-            "0",
-        ],
-        &[],
+        &url,
+        &sum,
+        &["--read-timeout", "1", "--retries", "0"],
     );
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
-    let msg = r.doc["status"]["message"].as_str().unwrap().to_lowercase();
+    let msg = r.message().to_lowercase();
     assert!(
         msg.contains("timeout") || msg.contains("timed out"),
         "{msg}"
@@ -495,18 +421,17 @@ fn a_stalled_read_times_out() {
 
 #[test]
 fn proxies_from_the_environment_are_used_unless_no_proxy() {
-    let body = bytes(5_000, 10);
-    let sum = sha256_hex(&body);
-    let b = body.clone();
-    let origin = Server::start(move |_| Reply::Ranged(b.clone()));
+    let (body, sum, origin) = served(5_000, 10);
     let proxy = ConnectProxy::start();
     let url = origin.url("/p.run");
     let origin_addr = format!("127.0.0.1:{}", origin.port);
 
     let dir = tempfile::tempdir().unwrap();
-    let r = fetch(
+    let r = fetch_http_env(
         dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
+        &url,
+        &sum,
+        &[],
         &[("HTTPS_PROXY", &proxy.url())],
     );
     assert_eq!(r.code, 0, "{}", r.doc);
@@ -514,9 +439,11 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
     assert_eq!(origin.count(), 1);
 
     let dir = tempfile::tempdir().unwrap();
-    let r = fetch(
+    let r = fetch_http_env(
         dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
+        &url,
+        &sum,
+        &[],
         &[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")],
     );
     assert_eq!(r.code, 0, "{}", r.doc);
@@ -537,20 +464,18 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
     let ca = tempfile::NamedTempFile::new().unwrap();
     fs::write(ca.path(), ca_pem).unwrap();
     let url = tls_origin.https_url("/p.run");
-    for var in ["HTTPS_PROXY", "ALL_PROXY", "HTTP_PROXY"] {
+    // Each fetch into a fresh cache, so that each one downloads.
+    let fetch_tls = |env: &[(&str, &str)]| {
         let dir = tempfile::tempdir().unwrap();
-        let r = fetch(
+        let args = ["--url", &url, "--sha256", &sum, "--ca-bundle"];
+        fetch(
             dir.path(),
-            &[
-                "--url",
-                &url,
-                "--sha256",
-                &sum,
-                "--ca-bundle",
-                ca.path().to_str().unwrap(),
-            ],
-            &[(var, &proxy.url())],
-        );
+            &[&args[..], &[ca.path().to_str().unwrap()]].concat(),
+            env,
+        )
+    };
+    for var in ["HTTPS_PROXY", "ALL_PROXY", "HTTP_PROXY"] {
+        let r = fetch_tls(&[(var, &proxy.url())]);
         assert_eq!(r.code, 0, "{var}: {}", r.doc);
         assert_eq!(
             proxy.targets.lock().unwrap().last(),
@@ -564,19 +489,7 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
         );
     }
     assert_eq!(tls_origin.count(), 3);
-    let dir = tempfile::tempdir().unwrap();
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--ca-bundle",
-            ca.path().to_str().unwrap(),
-        ],
-        &[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")],
-    );
+    let r = fetch_tls(&[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(
         proxy.targets.lock().unwrap().len(),
@@ -658,7 +571,7 @@ fn https_with_a_private_ca_and_no_downgrade() {
         "{}",
         r.doc
     );
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("TLS certificate not trusted") && msg.contains("--ca-bundle"),
         "{msg}"
@@ -677,43 +590,22 @@ fn https_with_a_private_ca_and_no_downgrade() {
     // A redirect from HTTPS to plain HTTP is not followed.
     let cache = dir.path().join("cache2");
     let url = server.https_url("/downgrade.run");
-    let r = fetch(
-        &cache,
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--ca-bundle",
-            ca.to_str().unwrap(),
-            "--retries",
-            "0",
-        ],
-        &[],
-    );
+    let downgraded = |extra: &[&str]| {
+        let mut args = vec!["--url", &url, "--sha256", &sum, "--ca-bundle"];
+        args.extend([ca.to_str().unwrap(), "--retries", "0"]);
+        args.extend_from_slice(extra);
+        fetch(&cache, &args, &[])
+    };
+    let r = downgraded(&[]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     assert_eq!(plain.count(), 0);
 
     // Nor with --allow-http: it permits URLs given as http://, never a
     // redirect's (this one was followed before, and the result still
     // named the https:// source).
-    let r = fetch(
-        &cache,
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--ca-bundle",
-            ca.to_str().unwrap(),
-            "--retries",
-            "0",
-            "--allow-http",
-        ],
-        &[],
-    );
+    let r = downgraded(&["--allow-http"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("HTTPS only"), "{msg}");
     assert_eq!(plain.count(), 0);
     assert!(!cache.join(&sum).exists());
@@ -762,19 +654,7 @@ fn a_plain_http_url_may_not_redirect_to_another_plain_http_url() {
     let hop =
         Server::start(move |_| Reply::Full(302, vec![("Location".into(), to.clone())], vec![]));
     let dir = tempfile::tempdir().unwrap();
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &hop.url("/p.run"),
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--retries",
-            "0",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &hop.url("/p.run"), &sum, &["--retries", "0"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
     assert_eq!(target.count(), 0);
 }
@@ -791,13 +671,7 @@ fn a_resumed_prefix_of_another_file_is_not_trusted() {
         },
         _ => Reply::Ranged(new.clone()),
     });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &["--url", &url, "--sha256", &sum, "--allow-http"],
-        &[],
-    );
+    let (dir, r) = fetch_p_run(&server, &sum, &[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     let log = server.log();
     assert_eq!(log.len(), 3, "{}", r.doc);
@@ -908,23 +782,9 @@ fn a_server_that_drips_forever_meets_the_download_deadline() {
         body: body.clone(),
         every_ms: 200,
     });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--download-timeout",
-            "2",
-        ],
-        &[],
-    );
+    let (dir, r) = fetch_p_run(&server, &sum, &["--download-timeout", "2"]);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed", "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains("deadline of 2 s") && msg.contains("--download-timeout"),
         "{msg}"
@@ -941,19 +801,9 @@ fn downloads_over_the_size_cap_are_refused_and_nothing_is_kept() {
         body: vec![0; 1000],
     });
     let sum = "b".repeat(64);
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &liar.url("/p.run"),
-            "--sha256",
-            &sum,
-            "--allow-http",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &liar.url("/p.run"), &sum, &[]);
     assert_eq!(r.doc["status"]["reason"], "UnsafeArchive", "{}", r.doc);
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("--max-download-size"), "{msg}");
     assert_eq!(liar.count(), 1, "not retried");
     assert_eq!(cache_files(dir.path()), Vec::<String>::new());
@@ -963,18 +813,11 @@ fn downloads_over_the_size_cap_are_refused_and_nothing_is_kept() {
     let body = bytes(3 << 20, 22);
     let sum = sha256_hex(&body);
     let big = Server::start(move |_| Reply::Ranged(body.clone()));
-    let r = fetch(
+    let r = fetch_http(
         dir.path(),
-        &[
-            "--url",
-            &big.url("/p.run"),
-            "--sha256",
-            &sum,
-            "--allow-http",
-            "--max-download-size",
-            "2",
-        ],
-        &[],
+        &big.url("/p.run"),
+        &sum,
+        &["--max-download-size", "2"],
     );
     assert_eq!(r.doc["status"]["reason"], "UnsafeArchive", "{}", r.doc);
     assert_eq!(cache_files(dir.path()), Vec::<String>::new());
@@ -990,17 +833,7 @@ fn a_fetch_that_fills_the_disk_leaves_no_partial_file() {
     let dir = tempfile::tempdir().unwrap();
     let partial = dir.path().join(format!("{sum}.partial"));
     std::os::unix::fs::symlink("/dev/full", &partial).unwrap();
-    let r = fetch(
-        dir.path(),
-        &[
-            "--url",
-            &server.url("/p.run"),
-            "--sha256",
-            &sum,
-            "--allow-http",
-        ],
-        &[],
-    );
+    let r = fetch_http(dir.path(), &server.url("/p.run"), &sum, &[]);
     assert_eq!(r.doc["status"]["reason"], "InsufficientDisk", "{}", r.doc);
     assert!(
         fs::symlink_metadata(&partial).is_err(),

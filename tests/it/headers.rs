@@ -186,6 +186,37 @@ fn options(cache: &Path) -> FetchPolicy {
     }
 }
 
+/// A headers fetch of the repository's release, served on loopback, that
+/// must fail: its error, its package cache and the scratch directory its
+/// root (`<scratch>/root`) was to be unpacked in.
+struct Refused {
+    err: gpu_driver_installer::Error,
+    cache: tempfile::TempDir,
+    scratch: tempfile::TempDir,
+    root: PathBuf,
+}
+
+fn refused_headers(repo: Repo) -> Refused {
+    let release = repo.release.clone();
+    let (server, _repo) = repo.serve();
+    let cache = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let root = scratch.path().join("root");
+    let err = fetch_headers_from(
+        &signed_source(&server.url(""), SUITE),
+        &release,
+        &options(cache.path()),
+        &root,
+    )
+    .unwrap_err();
+    Refused {
+        err,
+        cache,
+        scratch,
+        root,
+    }
+}
+
 fn requested(server: &Server) -> Vec<String> {
     server.log().iter().map(|r| r.path().to_string()).collect()
 }
@@ -262,13 +293,10 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn require_tool(tool: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{tool}` is not installed; the kbuild test compiles a kernel module against bookworm's headers and needs \
-         gcc-12 and make (on Debian 12: `apt-get install gcc make libc6-dev`, or run `bash .ci/run`)"
+    crate::support::tools::require_tool(
+        tool,
+        "the kbuild test compiles a kernel module against bookworm's headers and needs \
+         gcc-12 and make (on Debian 12: `apt-get install gcc make libc6-dev`, or run `bash .ci/run`)",
     );
 }
 
@@ -421,18 +449,12 @@ fn a_tampered_deb_is_a_checksum_mismatch() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x55;
     repo.overrides.insert(path.clone(), bytes);
-    let release = repo.release.clone();
-    let (server, _repo) = repo.serve();
-    let cache = tempfile::tempdir().unwrap();
-    let scratch = tempfile::tempdir().unwrap();
-    let root = scratch.path().join("root");
-    let err = fetch_headers_from(
-        &signed_source(&server.url(""), SUITE),
-        &release,
-        &options(cache.path()),
-        &root,
-    )
-    .unwrap_err();
+    let Refused {
+        err,
+        cache,
+        scratch,
+        root,
+    } = refused_headers(repo);
     assert_eq!(err.reason, Reason::ChecksumMismatch, "{err}");
     assert!(err.to_string().contains("linux-kbuild-6.1"), "{err}");
     // Nothing half-done: no scratch root, and the bad bytes are not cached.
@@ -569,18 +591,12 @@ fn a_malformed_deb_is_archive_invalid() {
     );
     repo.reindex(&packages, &["Packages.xz"]);
     repo.overrides.insert(path, cut);
-    let release = repo.release.clone();
-    let (server, _repo) = repo.serve();
-    let cache = tempfile::tempdir().unwrap();
-    let scratch = tempfile::tempdir().unwrap();
-    let root = scratch.path().join("root");
-    let err = fetch_headers_from(
-        &signed_source(&server.url(""), SUITE),
-        &release,
-        &options(cache.path()),
-        &root,
-    )
-    .unwrap_err();
+    let Refused {
+        err,
+        cache: _,
+        scratch,
+        root,
+    } = refused_headers(repo);
     assert_eq!(err.reason, Reason::ArchiveInvalid, "{err}");
     assert!(err.to_string().contains("linux-kbuild-6.1"), "{err}");
     assert!(!root.exists());

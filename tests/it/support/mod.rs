@@ -8,4 +8,6 @@ pub mod cluster;
 pub mod fabric;
 pub mod host;
 pub mod http;
+pub mod kernel_headers;
 pub mod run;
+pub mod tools;
