@@ -457,6 +457,9 @@ fn fixture_readings_render_with_dcgm_names_units_and_labels() {
     (snap.process_owners, snap.host_processes) = scrape::process_owners(&root, &snap.gpus);
     let text = metrics::render(&snap);
     let (samples, types) = parse_ok(&text);
+    // Prometheus's own parser reads the same series (DCGM's counters
+    // without `_total` included).
+    assert_eq!(crate::support::om::series(&text), samples.len(), "{text}");
 
     let gpu0 = [("gpu", "0"), ("UUID", GPU0)];
     let labels = &one(&samples, "DCGM_FI_DEV_GPU_TEMP", &gpu0).labels;

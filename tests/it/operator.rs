@@ -735,6 +735,8 @@ fn binary_detects_gpus_by_job_serves_metrics_and_yields_the_lease() {
     ] {
         assert!(metrics.contains(want), "{want} missing:\n{metrics}");
     }
+    // What a Prometheus server scraping it reads, by Prometheus's parser.
+    assert!(crate::support::om::series(&metrics) >= 3, "{metrics}");
     let health = agent
         .get(format!("http://127.0.0.1:{port}/healthz"))
         .send()

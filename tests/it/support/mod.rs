@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod fabric;
 pub mod host;
 pub mod http;
+pub mod om;
 pub mod kernel_headers;
 pub mod run;
 pub mod tools;

@@ -1,0 +1,60 @@
+//! Prometheus's own OpenMetrics parser (tools/om-parser, built by
+//! scripts/om-parser): what a Prometheus server scraping our /metrics
+//! accepts is decided by its code, not by the tests' reading of the spec.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// `GPU_DRIVER_OM_PARSER`, else what scripts/om-parser prints (cached,
+/// or built now from the Go module proxy).
+fn parser() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("GPU_DRIVER_OM_PARSER").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p);
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = Command::new(format!("{root}/scripts/om-parser"))
+            .current_dir(root)
+            .output()
+            .expect("running scripts/om-parser");
+        assert!(
+            out.status.success(),
+            "scripts/om-parser failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        PathBuf::from(stdout.lines().last().expect("scripts/om-parser printed a path"))
+    })
+    .clone()
+}
+
+/// The number of series Prometheus's parser reads in `text`; panics with
+/// the parser's error when it refuses it.
+pub fn series(text: &str) -> usize {
+    let mut child = Command::new(parser())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting om-parser");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "Prometheus's OpenMetrics parser refuses it: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said.trim()
+        .strip_prefix("series: ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("om-parser said {said:?}"))
+}
