@@ -19,14 +19,22 @@ const CRATES: &[(&str, &str)] = &[
     ("gpu-driver-installer", "src"),
     ("gpu-driver-operator", "crates/operator/src"),
     ("gpu-driver-exporter", "crates/exporter/src"),
+    ("gpu-driver-serve", "crates/serve/src"),
 ];
 
 /// Which sibling crates each crate may depend on.
 const ALLOWED_DEPS: &[(&str, &[&str])] = &[
     ("gpu-driver-contract", &[]),
     ("gpu-driver-installer", &["gpu-driver-contract"]),
-    ("gpu-driver-operator", &["gpu-driver-contract"]),
-    ("gpu-driver-exporter", &["gpu-driver-contract"]),
+    (
+        "gpu-driver-operator",
+        &["gpu-driver-contract", "gpu-driver-serve"],
+    ),
+    (
+        "gpu-driver-exporter",
+        &["gpu-driver-contract", "gpu-driver-serve"],
+    ),
+    ("gpu-driver-serve", &[]),
 ];
 
 fn root() -> &'static Path {

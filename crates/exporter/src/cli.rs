@@ -77,22 +77,6 @@ fn config(cli: &Cli) -> Config {
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 /// Binds, then serves until a signal.
 pub fn serve(cli: &Cli) -> Result<(), Error> {
     // One thread serves everything; NVML's blocking calls get one more.
@@ -120,7 +104,7 @@ pub fn serve(cli: &Cli) -> Result<(), Error> {
         drop(scraper.snapshot().await);
         tokio::select! {
             () = server::serve(listener, scraper) => {}
-            () = shutdown_signal() => tracing::info!("stopping"),
+            () = gpu_driver_serve::shutdown_signal() => tracing::info!("stopping"),
         }
         Ok(())
     })

@@ -1,26 +1,16 @@
-//! `/metrics` and `/healthz` over HTTP/1.1: axum's router on hyper's
-//! connection builder, one request per connection. The builder bounds what
-//! a client may hold: the request head must arrive within
-//! [`HEADER_READ_TIMEOUT`] and fit in [`MAX_HEAD`] bytes.
+//! `/metrics` and `/healthz`: axum's router, served by `gpu_driver_serve`
+//! (HTTP/1.1, one bounded request per connection).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
 use crate::scrape::Scraper;
-
-/// hyper's smallest read buffer; a scrape's head is a few hundred bytes.
-const MAX_HEAD: usize = 8192;
-/// A client that sends no complete head in this time is dropped.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// OpenMetrics text, what prometheus-client writes (src/metrics.rs).
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -62,32 +52,10 @@ fn router(scraper: Arc<Scraper>) -> Router {
         .with_state(scraper)
 }
 
-/// Accepts connections until the process ends; each is answered on its own task.
+/// Accepts connections until the process ends (see `gpu_driver_serve` for
+/// the limits each connection is held to).
 pub async fn serve(listener: TcpListener, scraper: Arc<Scraper>) {
-    let app = router(scraper);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of file descriptors and the like: wait instead of spinning.
-                tracing::warn!("accepting a connection: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .max_buf_size(MAX_HEAD)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "answering: {e}");
-            }
-        });
-    }
+    gpu_driver_serve::serve(listener, router(scraper)).await
 }
 
 #[cfg(test)]
@@ -137,16 +105,6 @@ mod tests {
             let r = ask(addr, &format!("{req} HTTP/1.1\r\nHost: x\r\n\r\n")).await;
             assert!(r.starts_with("HTTP/1.1 405 "), "{req}: {r}");
         }
-        let r = ask(addr, "GET /metrics\r\n\r\n").await;
-        assert!(r.is_empty() || r.starts_with("HTTP/1.1 400 "), "{r}");
-        let r = ask(addr, "\u{1}\u{2}\r\n\r\n").await;
-        assert!(r.is_empty() || r.starts_with("HTTP/1.1 400 "), "{r}");
-        let long = format!(
-            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
-            "x".repeat(MAX_HEAD)
-        );
-        let r = ask(addr, &long).await;
-        assert!(r.is_empty() || r.starts_with("HTTP/1.1 431 "), "{r}");
         task.abort();
     }
 }

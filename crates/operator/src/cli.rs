@@ -203,14 +203,6 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
         .map_err(Error::Runtime)
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-    }
-}
-
 async fn run(args: RunArgs) -> Result<(), Error> {
     let client = {
         crate::init_tls();
@@ -239,7 +231,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         status_interval: Duration::from_millis(args.status_interval_ms),
     };
     if args.no_leader_elect {
-        controller::run(client, opts, metrics, shutdown_signal()).await;
+        controller::run(client, opts, metrics, gpu_driver_serve::shutdown_signal()).await;
         return Ok(());
     }
     let mut leading = leader::lead(
@@ -267,7 +259,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
             // than finish in-flight work.
             return Err(Error::LostLease);
         }
-        () = shutdown_signal() => {}
+        () = gpu_driver_serve::shutdown_signal() => {}
     }
     let _ = tx.send(());
     let _ = ctl.await;

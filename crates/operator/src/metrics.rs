@@ -1,18 +1,15 @@
 //! The operator's Prometheus metrics, kept and encoded by prometheus-client
 //! (OpenMetrics text), and served on `/metrics` (with `/healthz` and
-//! `/readyz`) by axum on hyper's HTTP/1 connection builder.
+//! `/readyz`) by axum's router on `gpu_driver_serve`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::any;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::{
     EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder,
 };
@@ -29,11 +26,6 @@ const BUCKETS: &[f64] = &[5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 18
 
 /// OpenMetrics, what prometheus-client writes.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// A client that sends no complete request head in this time is dropped.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// hyper's smallest read buffer: a request head longer than this is refused.
-const MAX_HEAD: usize = 8192;
 
 /// Counters as the controller names them (with `_total`; prometheus-client
 /// appends it to the registered name), their HELP.
@@ -275,34 +267,10 @@ fn router(metrics: Arc<Metrics>) -> Router {
         .fallback(|| async { text(StatusCode::NOT_FOUND, "not found\n") })
 }
 
-/// Serves `/metrics` and `/healthz` until the task is dropped: one request
-/// per connection, its head read within [`HEADER_READ_TIMEOUT`] and at most
-/// [`MAX_HEAD`] bytes long.
+/// Serves `/metrics`, `/healthz` and `/readyz` until the task is dropped,
+/// with the limits of `gpu_driver_serve`.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    let app = router(metrics);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of file descriptors and the like: wait instead of spinning.
-                tracing::warn!("accepting a metrics connection: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .max_buf_size(MAX_HEAD)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "answering a metrics request: {e}");
-            }
-        });
-    }
+    gpu_driver_serve::serve(listener, router(metrics)).await
 }
 
 #[cfg(test)]
@@ -393,15 +361,6 @@ mod tests {
         assert!(resp.starts_with("HTTP/1.1 200 OK") && resp.ends_with("\r\n\r\nok\n"));
         let resp = get(addr, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
-        let long = format!(
-            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
-            "x".repeat(MAX_HEAD)
-        );
-        let resp = get(addr, &long).await;
-        assert!(
-            resp.is_empty() || resp.starts_with("HTTP/1.1 431"),
-            "{resp}"
-        );
         task.abort();
     }
 }

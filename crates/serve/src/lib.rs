@@ -1,0 +1,104 @@
+//! The HTTP/1.1 server the operator's and the exporter's `/metrics` share:
+//! axum's router on hyper's connection builder. A scrape is one short
+//! request, so each connection answers one request (no keep-alive), and a
+//! client may hold a connection only as long as it takes to send a head of
+//! at most [`MAX_HEAD`] bytes within [`HEADER_READ_TIMEOUT`]: a slow or
+//! oversized client cannot pin the server's tasks or memory.
+
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+
+/// hyper's smallest read buffer; a scrape's head is a few hundred bytes.
+pub const MAX_HEAD: usize = 8192;
+/// A client that sends no complete head in this time is dropped.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections until the task is dropped; each is answered by `app`
+/// on its own task.
+pub async fn serve(listener: TcpListener, app: Router) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors and the like: wait instead of spinning.
+                tracing::warn!("accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_HEAD)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "answering: {e}");
+            }
+        });
+    }
+}
+
+/// Returns on SIGTERM (what Kubernetes sends a pod it stops) or SIGINT: the
+/// operator and the exporter stop their servers and loops on it and exit 0.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn ask(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).await.unwrap();
+        resp
+    }
+
+    /// One request per connection, and malformed or oversized heads refused.
+    #[tokio::test]
+    async fn answers_one_bounded_request_per_connection() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let app = Router::new().route("/metrics", get(|| async { "m\n" }));
+        let task = tokio::spawn(serve(l, app));
+        // read_to_string returns: the server closed after one answer even
+        // though HTTP/1.1 would keep the connection open.
+        let r = ask(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(r.ends_with("\r\n\r\nm\n"), "{r}");
+        let r = ask(addr, "GET /metrics\r\n\r\n").await;
+        assert!(r.is_empty() || r.starts_with("HTTP/1.1 400 "), "{r}");
+        let r = ask(addr, "\u{1}\u{2}\r\n\r\n").await;
+        assert!(r.is_empty() || r.starts_with("HTTP/1.1 400 "), "{r}");
+        let long = format!(
+            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+            "x".repeat(MAX_HEAD)
+        );
+        let r = ask(addr, &long).await;
+        assert!(r.is_empty() || r.starts_with("HTTP/1.1 431 "), "{r}");
+        task.abort();
+    }
+}
