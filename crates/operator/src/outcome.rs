@@ -140,6 +140,22 @@ pub enum JobState {
     },
 }
 
+impl JobState {
+    /// A finished Job's pod result and, when the Job failed, its reason and
+    /// message as one line; `None` while it runs.
+    pub fn finished(self) -> Option<(Option<PodResult>, Option<String>)> {
+        match self {
+            JobState::Running => None,
+            JobState::Succeeded(result) => Some((result, None)),
+            JobState::Failed {
+                result,
+                job_reason,
+                job_message,
+            } => Some((result, Some(format!("{job_reason}: {job_message}")))),
+        }
+    }
+}
+
 fn pod_phase(pod: &Pod) -> &str {
     pod.status
         .as_ref()
@@ -222,33 +238,37 @@ pub(crate) fn job_seconds(job: &Job, now_unix: i64) -> Option<f64> {
     Some((now_unix - start.0.as_second()).max(0) as f64)
 }
 
+/// A `run` RunResult with `reason`, on the host root a Job mounts, and
+/// driver 580.95.05 (open) installed when `installed`: the unit tests'
+/// installer result.
+#[cfg(test)]
+pub(crate) fn run_result(reason: Reason, installed: bool) -> RunResult {
+    use gpu_driver_contract::report::Document;
+    use gpu_driver_contract::run::{RunSpec, RunStatus};
+    let mut status = RunStatus::new(Outcome::new(reason, "done"));
+    if installed {
+        status.installed = Some(Installed {
+            driver_version: Some("580.95.05".into()),
+            flavor: Some(gpu_driver_contract::host::ModuleFlavor::Open),
+            kernel_release: Some("6.6.63-cloud-amd64".into()),
+        });
+    }
+    let spec = RunSpec {
+        host_root: "/proc/1/root".into(),
+        artifact: None,
+        driver_version: None,
+        target: None,
+    };
+    Document::new(Kind::RunResult, spec, status)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_driver_contract::report::Document;
     use gpu_driver_contract::report::{TERMINATION_LOG_LIMIT, termination_message as compact};
-    use gpu_driver_contract::run::{RunSpec, RunStatus};
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
     };
-
-    fn run_result(reason: Reason, installed: bool) -> RunResult {
-        let mut status = RunStatus::new(Outcome::new(reason, "done"));
-        if installed {
-            status.installed = Some(Installed {
-                driver_version: Some("580.95.05".into()),
-                flavor: Some(gpu_driver_contract::host::ModuleFlavor::Open),
-                kernel_release: Some("6.6.63-cloud-amd64".into()),
-            });
-        }
-        let spec = RunSpec {
-            host_root: "/proc/1/root".into(),
-            artifact: None,
-            driver_version: None,
-            target: None,
-        };
-        Document::new(Kind::RunResult, spec, status)
-    }
 
     #[test]
     fn a_full_run_result_parses_with_what_was_installed() {

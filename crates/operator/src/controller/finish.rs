@@ -17,7 +17,7 @@ use crate::crd::GpuDriver;
 use crate::decide::{self, JobRole, NodeState, UpgradeState};
 use crate::job::{self, JobRequest};
 use crate::keys;
-use crate::outcome::{self, JobState, PodResult};
+use crate::outcome::{self, PodResult};
 use gpu_driver_contract::report::{Phase, Reason};
 
 /// Creates a Job, counting the write; AlreadyExists is success (made by
@@ -71,22 +71,16 @@ pub(super) async fn drive_job(
     };
     let pods = ctx.pods_of(name);
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-    let (result, failure) = match outcome::job_state(&job, &pod_refs, Timestamp::now().as_second())
-    {
+    let state = outcome::job_state(&job, &pod_refs, Timestamp::now().as_second());
+    let Some((result, failure)) = state.finished() else {
         // A finished Job whose pod the cache has not caught up with: the
         // pod's event comes; the requeue covers a pod that never does.
-        JobState::Running if job_is_terminal(&job) => {
+        if job_is_terminal(&job) {
             return Ok(Action::requeue(Duration::from_secs(
                 outcome::LOST_POD_GRACE_SECONDS as u64 + 5,
             )));
         }
-        JobState::Running => return Ok(Action::await_change()),
-        JobState::Succeeded(result) => (result, None),
-        JobState::Failed {
-            result,
-            job_reason,
-            job_message,
-        } => (result, Some(format!("{job_reason}: {job_message}"))),
+        return Ok(Action::await_change());
     };
     let done = Finished {
         role,

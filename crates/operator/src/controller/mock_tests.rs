@@ -22,8 +22,7 @@ use crate::crd::GpuDriver;
 use crate::decide::{self, Plan};
 use crate::keys;
 use crate::metrics::Metrics;
-use gpu_driver_contract::report::{Document, Kind, Outcome, Reason};
-use gpu_driver_contract::run::{RunResult, RunSpec, RunStatus};
+use gpu_driver_contract::report::Reason;
 
 const NS: &str = "gpu-driver";
 const TAINT: &str = "gpu-driver.gardenlinux.io/not-ready";
@@ -178,22 +177,7 @@ fn install_plan(gd: &GpuDriver, node: &Node) -> (String, String) {
 
 /// The installer's result document, as its pod's termination message.
 fn result_message(reason: Reason, installed: bool) -> String {
-    let mut status = RunStatus::new(Outcome::new(reason, "done"));
-    if installed {
-        status.installed = Some(gpu_driver_contract::run::Installed {
-            driver_version: Some("580.95.05".into()),
-            flavor: Some(gpu_driver_contract::host::ModuleFlavor::Open),
-            kernel_release: Some("6.6.63-cloud-amd64".into()),
-        });
-    }
-    let spec = RunSpec {
-        host_root: "/proc/1/root".into(),
-        artifact: None,
-        driver_version: None,
-        target: None,
-    };
-    let doc: RunResult = Document::new(Kind::RunResult, spec, status);
-    serde_json::to_string(&doc).unwrap()
+    serde_json::to_string(&crate::outcome::run_result(reason, installed)).unwrap()
 }
 
 /// A finished install Job of `node` and its one pod.

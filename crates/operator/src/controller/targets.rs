@@ -16,7 +16,7 @@ use super::{Context, Error};
 use crate::crd::{BuildPhase, GpuDriver, TargetStatus};
 use crate::decide::{self, JobRole, NodeFacts, Target, TargetPhase};
 use crate::job::{self, JobRequest};
-use crate::outcome::{self, JobState, PodResult};
+use crate::outcome::{self, PodResult};
 use gpu_driver_contract::report::Phase;
 use gpu_driver_contract::text::truncate;
 
@@ -80,21 +80,14 @@ pub(super) async fn ensure_target(
     };
     let pods = ctx.pods_of(&name);
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-    let (result, failure) = match outcome::job_state(&job, &pod_refs, now.as_second()) {
-        JobState::Running => {
-            if rec.phase != BuildPhase::Building {
-                rec.phase = BuildPhase::Building;
-                rec.job = Some(name);
-                ctx.save_target(gd, rec);
-            }
-            return Ok(TargetPhase::Building);
+    let state = outcome::job_state(&job, &pod_refs, now.as_second());
+    let Some((result, failure)) = state.finished() else {
+        if rec.phase != BuildPhase::Building {
+            rec.phase = BuildPhase::Building;
+            rec.job = Some(name);
+            ctx.save_target(gd, rec);
         }
-        JobState::Succeeded(result) => (result, None),
-        JobState::Failed {
-            result,
-            job_reason,
-            job_message,
-        } => (result, Some(format!("{job_reason}: {job_message}"))),
+        return Ok(TargetPhase::Building);
     };
     Ok(build_finished(ctx, gd, target, &name, rec, result, failure).await)
 }

@@ -367,6 +367,15 @@ mod tests {
     use super::*;
     use crate::crd::{CacheSpec, GpuDriverSpec};
 
+    /// The Secrets a container takes its environment from.
+    fn secret_names(c: &k8s_openapi::api::core::v1::Container) -> Vec<&str> {
+        c.env_from
+            .iter()
+            .flatten()
+            .filter_map(|e| e.secret_ref.as_ref().map(|r| r.name.as_str()))
+            .collect()
+    }
+
     fn gd() -> GpuDriver {
         let mut gd = GpuDriver::new(
             "default",
@@ -522,12 +531,7 @@ mod tests {
             );
         }
         let main = &pod.containers[0];
-        let secrets: Vec<&str> = main
-            .env_from
-            .iter()
-            .flatten()
-            .filter_map(|e| e.secret_ref.as_ref().map(|r| r.name.as_str()))
-            .collect();
+        let secrets = secret_names(main);
         assert_eq!(secrets, ["cache-writer"]);
         let args = main.args.as_ref().unwrap().join(" ");
         assert_eq!(
@@ -574,12 +578,7 @@ mod tests {
         )
         .unwrap();
         let main = &job.spec.unwrap().template.spec.unwrap().containers[0];
-        let secrets: Vec<&str> = main
-            .env_from
-            .iter()
-            .flatten()
-            .filter_map(|e| e.secret_ref.as_ref().map(|r| r.name.as_str()))
-            .collect();
+        let secrets = secret_names(main);
         assert_eq!(secrets, ["cache-reader"]);
         let args = main.args.as_ref().unwrap().join(" ");
         assert!(
