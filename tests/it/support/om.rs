@@ -26,7 +26,12 @@ fn parser() -> PathBuf {
             String::from_utf8_lossy(&out.stderr)
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
-        PathBuf::from(stdout.lines().last().expect("scripts/om-parser printed a path"))
+        PathBuf::from(
+            stdout
+                .lines()
+                .last()
+                .expect("scripts/om-parser printed a path"),
+        )
     })
     .clone()
 }
