@@ -63,15 +63,7 @@ mod tests {
     use super::*;
     use crate::scrape::Config;
     use gpu_driver_contract::host::{HostRoot, HostRootSource};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    async fn ask(addr: std::net::SocketAddr, request: &str) -> String {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(request.as_bytes()).await.unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).await.unwrap();
-        resp
-    }
+    use gpu_driver_serve::ask;
 
     #[tokio::test]
     async fn routes() {

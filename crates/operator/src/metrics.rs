@@ -276,7 +276,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use gpu_driver_serve::ask;
 
     #[test]
     fn renders_the_text_format() {
@@ -338,14 +338,6 @@ mod tests {
         );
     }
 
-    async fn get(addr: std::net::SocketAddr, request: &str) -> String {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(request.as_bytes()).await.unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).await.unwrap();
-        resp
-    }
-
     #[tokio::test]
     async fn serves_metrics_over_http() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -353,13 +345,13 @@ mod tests {
         let m = Arc::new(Metrics::default());
         m.inc("gpu_driver_jobs_created_total", &[("role", "install")]);
         let task = tokio::spawn(serve(l, m));
-        let resp = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let resp = ask(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
         assert!(resp.contains(&format!("content-type: {METRICS_CONTENT_TYPE}")));
         assert!(resp.contains("gpu_driver_jobs_created_total{role=\"install\"} 1"));
-        let resp = get(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let resp = ask(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(resp.starts_with("HTTP/1.1 200 OK") && resp.ends_with("\r\n\r\nok\n"));
-        let resp = get(addr, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let resp = ask(addr, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
         task.abort();
     }

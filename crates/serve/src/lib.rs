@@ -63,19 +63,29 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Sends `request` as raw bytes to `addr` and reads until the server closes
+/// the connection: the servers' tests speak HTTP byte by byte, malformed
+/// requests included. A test helper (feature `test-client`); it panics.
+#[cfg(any(test, feature = "test-client"))]
+pub async fn ask(addr: std::net::SocketAddr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connecting to the server under test");
+    s.write_all(request.as_bytes())
+        .await
+        .expect("sending the request");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)
+        .await
+        .expect("reading the answer");
+    resp
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::routing::get;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    async fn ask(addr: std::net::SocketAddr, request: &str) -> String {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(request.as_bytes()).await.unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).await.unwrap();
-        resp
-    }
 
     /// One request per connection, and malformed or oversized heads refused.
     #[tokio::test]
