@@ -12,15 +12,12 @@
 use std::time::{Duration, Instant};
 
 use crate::support::cluster::Cluster;
+use crate::support::deploy::{install_crd, repo_file};
 use serde_json::{Value, json};
 
 const POLICY: &str = "gpudriver-sources.gpu-driver.gardenlinux.io";
 /// A new or edited policy is enforced asynchronously; this long at most.
 const SETTLE: Duration = Duration::from_secs(60);
-
-fn repo_file(p: &str) -> String {
-    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p)).unwrap()
-}
 
 /// `@sha256:` and 64 hex digits.
 fn digest() -> String {
@@ -241,14 +238,7 @@ fn set_owner_list(c: &Cluster, index: usize, expression: &str) {
 #[test]
 fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
     let Some(c) = Cluster::start() else { return };
-    c.apply(&repo_file("deploy/namespace.yaml"));
-    c.apply(&repo_file("deploy/crd.yaml"));
-    c.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/gpudrivers.gpu-driver.gardenlinux.io",
-        "--timeout=60s",
-    ]);
+    install_crd(&c);
     let cases = disallowed();
 
     // Without the policy, the apiserver admits all of them: the refusals
@@ -333,45 +323,37 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
         &gpudriver("sibling", &sibling, &installer(), &[]),
         &[format!("image {sibling} is not from an allowed registry")],
     );
-    let other_bucket = with_cache(
-        gpudriver("other-bucket", &builder(), &installer(), &[]),
-        json!({"url": "s3://gpu-driver-cache/cluster-a-other"}),
-    );
-    assert_refused(
-        &c,
-        "cache sibling",
-        &other_bucket,
-        &["is not an allowed cache".to_string()],
-    );
-    let other_secret = with_cache(
-        gpudriver("other-secret", &builder(), &installer(), &[]),
-        json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "operator-token"}),
-    );
-    assert_refused(
-        &c,
-        "cache secret not allowed",
-        &other_secret,
-        &["cache.secretName operator-token is not an allowed Secret".to_string()],
-    );
-    let other_writer = with_cache(
-        gpudriver("other-writer", &builder(), &installer(), &[]),
-        json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "gpu-driver-cache",
-            "writeSecretName": "operator-token"}),
-    );
-    assert_refused(
-        &c,
-        "cache write secret not allowed",
-        &other_writer,
-        &["cache.writeSecretName operator-token is not an allowed Secret".to_string()],
-    );
-    let http = with_cache(
-        gpudriver("http-cache", &builder(), &installer(), &[]),
-        json!({"url": "s3://gpu-driver-cache/cluster-a", "allowHttp": true}),
-    );
-    assert_refused(
-        &c,
-        "plain-http cache",
-        &http,
-        &["cache.allowHttp".to_string()],
-    );
+    // Caches outside the lists: (object name, what the test is, spec.cache,
+    // what the refusal names).
+    let a = "s3://gpu-driver-cache/cluster-a";
+    for (gd_name, name, cache, want) in [
+        (
+            "other-bucket",
+            "cache sibling",
+            json!({"url": "s3://gpu-driver-cache/cluster-a-other"}),
+            "is not an allowed cache",
+        ),
+        (
+            "other-secret",
+            "cache secret not allowed",
+            json!({"url": a, "secretName": "operator-token"}),
+            "cache.secretName operator-token is not an allowed Secret",
+        ),
+        (
+            "other-writer",
+            "cache write secret not allowed",
+            json!({"url": a, "secretName": "gpu-driver-cache",
+                "writeSecretName": "operator-token"}),
+            "cache.writeSecretName operator-token is not an allowed Secret",
+        ),
+        (
+            "http-cache",
+            "plain-http cache",
+            json!({"url": a, "allowHttp": true}),
+            "cache.allowHttp",
+        ),
+    ] {
+        let gd = with_cache(gpudriver(gd_name, &builder(), &installer(), &[]), cache);
+        assert_refused(&c, name, &gd, &[want.to_string()]);
+    }
 }

@@ -29,6 +29,12 @@ struct Run {
     stderr: String,
 }
 
+impl Run {
+    fn message(&self) -> &str {
+        self.doc["status"]["message"].as_str().unwrap()
+    }
+}
+
 fn run(args: &[&str]) -> Run {
     let out: Output = bin().args(args).output().expect("run binary");
     let stdout = String::from_utf8(out.stdout).unwrap();
@@ -59,6 +65,19 @@ fn exit_code_for(phase: &str, reason: &str) -> i32 {
     }
 }
 
+/// The document's phase and reason are the fixture's, and the exit code
+/// is the one they map to.
+fn assert_outcome(r: &Run, phase: &Value, reason: &Value, name: &str) {
+    let s = &r.doc["status"];
+    assert_eq!(&s["phase"], phase, "{name}: {s}");
+    assert_eq!(&s["reason"], reason, "{name}: {s}");
+    assert_eq!(
+        r.code,
+        exit_code_for(phase.as_str().unwrap(), reason.as_str().unwrap()),
+        "{name}"
+    );
+}
+
 fn all_fixtures() -> Vec<(String, Value)> {
     let mut out = Vec::new();
     for entry in fs::read_dir(fixtures()).unwrap() {
@@ -74,6 +93,21 @@ fn all_fixtures() -> Vec<(String, Value)> {
     out
 }
 
+/// Address, device id and architecture of each GPU in `gpus`.
+fn gpu_ids(gpus: &Value) -> Vec<(Value, Value, Value)> {
+    gpus.as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["pciAddress"].clone(),
+                g["deviceId"].clone(),
+                g["architecture"].clone(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn detect_matches_every_fixture() {
     for (name, want) in all_fixtures() {
@@ -86,16 +120,7 @@ fn detect_matches_every_fixture() {
         );
         assert_eq!(d["kind"], "HostReport", "{name}");
         assert_eq!(d["spec"]["hostRootSource"], "flag", "{name}");
-        assert_eq!(s["phase"], want["detectPhase"], "{name}: {s}");
-        assert_eq!(s["reason"], want["detectReason"], "{name}: {s}");
-        assert_eq!(
-            r.code,
-            exit_code_for(
-                want["detectPhase"].as_str().unwrap(),
-                want["detectReason"].as_str().unwrap()
-            ),
-            "{name}"
-        );
+        assert_outcome(&r, &want["detectPhase"], &want["detectReason"], &name);
         assert_eq!(s["os"]["id"], want["osId"], "{name}");
         assert_eq!(s["os"]["version"], want["osVersion"], "{name}");
         assert_eq!(s["kernelRelease"], want["kernelRelease"], "{name}");
@@ -109,31 +134,7 @@ fn detect_matches_every_fixture() {
         }
         let loaded = s["loadedDriver"]["version"].clone();
         assert_eq!(loaded, want["loadedDriverVersion"], "{name}");
-        let gpus: Vec<(Value, Value, Value)> = s["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| {
-                (
-                    g["pciAddress"].clone(),
-                    g["deviceId"].clone(),
-                    g["architecture"].clone(),
-                )
-            })
-            .collect();
-        let want_gpus: Vec<(Value, Value, Value)> = want["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| {
-                (
-                    g["pciAddress"].clone(),
-                    g["deviceId"].clone(),
-                    g["architecture"].clone(),
-                )
-            })
-            .collect();
-        assert_eq!(gpus, want_gpus, "{name}");
+        assert_eq!(gpu_ids(&s["gpus"]), gpu_ids(&want["gpus"]), "{name}");
     }
 }
 
@@ -145,16 +146,7 @@ fn resolve_matches_every_fixture() {
         let r = run_on(&name, &with_arch(&fixture, &["resolve"]));
         let s = &r.doc["status"];
         assert_eq!(r.doc["kind"], "InstallPlan", "{name}");
-        assert_eq!(s["phase"], want["phase"], "{name}: {s}");
-        assert_eq!(s["reason"], want["reason"], "{name}: {s}");
-        assert_eq!(
-            r.code,
-            exit_code_for(
-                want["phase"].as_str().unwrap(),
-                want["reason"].as_str().unwrap()
-            ),
-            "{name}"
-        );
+        assert_outcome(&r, &want["phase"], &want["reason"], &name);
         if want["phase"] != "Succeeded" {
             continue;
         }
@@ -218,12 +210,7 @@ fn driver_version_flag_wins_and_is_validated() {
     );
     assert_eq!(r.code, 4);
     assert_eq!(r.doc["status"]["reason"], "InvalidArgument");
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--driver-version")
-    );
+    assert!(r.message().contains("--driver-version"));
 }
 
 #[test]
@@ -349,12 +336,7 @@ fn blackwell_needs_open_modules() {
     synthetic_root(dir.path(), &[0x2901, 0x1db4]);
     let r = run(&["--host-root", dir.path().to_str().unwrap(), "resolve"]);
     assert_eq!(r.doc["status"]["reason"], "FlavorNotSupported");
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("no module flavor")
-    );
+    assert!(r.message().contains("no module flavor"));
 }
 
 #[test]
@@ -431,12 +413,7 @@ fn a_broken_catalog_is_a_clear_failure() {
         );
         assert_eq!(r.code, 4, "{cmd}");
         assert_eq!(r.doc["status"]["reason"], "CatalogInvalid");
-        assert!(
-            r.doc["status"]["message"]
-                .as_str()
-                .unwrap()
-                .contains(cat.to_str().unwrap())
-        );
+        assert!(r.message().contains(cat.to_str().unwrap()));
     }
     let r = run_on(
         "gardenlinux-1592-t4",
@@ -444,9 +421,7 @@ fn a_broken_catalog_is_a_clear_failure() {
     );
     assert_eq!(r.code, 4);
     assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
+        r.message()
             .starts_with("reading catalog /nonexistent/catalog.toml")
     );
 }
@@ -457,7 +432,7 @@ fn a_root_without_os_release_names_the_path() {
     let r = run(&["--host-root", dir.path().to_str().unwrap(), "detect"]);
     assert_eq!(r.code, 10);
     assert_eq!(r.doc["status"]["reason"], "HostReadFailed");
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(
         msg.contains(dir.path().to_str().unwrap()) && msg.contains("--host-root"),
         "{msg}"
@@ -636,12 +611,7 @@ fn the_embedded_catalog_refuses_measured_broken_pairs() {
     );
     assert_eq!(r.code, 11, "{}", r.doc);
     assert_eq!(r.doc["status"]["reason"], "IncompatibleKernel");
-    assert!(
-        r.doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("pci_resize_resource")
-    );
+    assert!(r.message().contains("pci_resize_resource"));
     // The proprietary flavor of the same pair builds, and auto picks it.
     let r = run_on(
         "debian-13-hgx-a100",
@@ -736,7 +706,7 @@ fn a_branch_resolves_to_its_newest_release_with_a_digest() {
     );
     assert_eq!(r.code, 4);
     assert_eq!(r.doc["status"]["reason"], "InvalidArgument");
-    let msg = r.doc["status"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("branch 999") && msg.contains("580"), "{msg}");
 }
 
@@ -758,7 +728,7 @@ fn garden_linux_2150_8_refuses_the_drivers_that_cannot_compile_on_6_18_41() {
             "{v}: {}",
             r.doc
         );
-        let msg = r.doc["status"]["message"].as_str().unwrap();
+        let msg = r.message();
         assert!(msg.contains("pci_resize_resource"), "{msg}");
     }
     // 580.126.09 is the first 580 that builds there.
@@ -790,7 +760,7 @@ fn old_garden_linux_kernels_take_the_proprietary_modules_with_the_reason() {
         // Asking for the open modules there is refused, with the reason.
         let r = run_on(name, &["resolve", "--flavor", "open"]);
         assert_eq!(r.doc["status"]["reason"], "FlavorNotSupported", "{name}");
-        let msg = r.doc["status"]["message"].as_str().unwrap();
+        let msg = r.message();
         assert!(msg.contains("GSP firmware"), "{name}: {msg}");
     }
     // From 1877.6 (6.12.56) and on other OSes, auto picks open again.

@@ -10,6 +10,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use crate::support::elf::tiny_module;
 use crate::support::fabric as fabric_support;
 use crate::support::host as host_support;
 use sha2::{Digest, Sha256};
@@ -40,39 +41,54 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// A minimal ELF64 whose `.modinfo` holds `modinfo` (as in
-/// src/modinfo.rs's tests): enough for the vermagic preflight, never loaded.
-fn tiny_module(modinfo: &[u8]) -> Vec<u8> {
-    let shstrtab = b"\0.shstrtab\0.modinfo\0";
-    let mut out = vec![0u8; 64];
-    out[..4].copy_from_slice(b"\x7fELF");
-    out[4] = 2;
-    out[5] = 1;
-    out[6] = 1;
-    let strtab_off = out.len() as u64;
-    out.extend_from_slice(shstrtab);
-    let modinfo_off = out.len() as u64;
-    out.extend_from_slice(modinfo);
-    while !out.len().is_multiple_of(8) {
-        out.push(0);
+/// True (and says why) where the test cannot run as this user.
+fn skipped_without_root(why: &str) -> bool {
+    if is_root() {
+        return false;
     }
-    let shoff = out.len() as u64;
-    let mut sh = |name: u32, kind: u32, off: u64, size: u64| {
-        let mut h = [0u8; 64];
-        h[0..4].copy_from_slice(&name.to_le_bytes());
-        h[4..8].copy_from_slice(&kind.to_le_bytes());
-        h[24..32].copy_from_slice(&off.to_le_bytes());
-        h[32..40].copy_from_slice(&size.to_le_bytes());
-        out.extend_from_slice(&h);
-    };
-    sh(0, 0, 0, 0);
-    sh(1, 3, strtab_off, shstrtab.len() as u64);
-    sh(11, 1, modinfo_off, modinfo.len() as u64);
-    out[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
-    out[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
-    out[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
-    out[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes());
-    out
+    eprintln!("skipped: needs root ({why})");
+    true
+}
+
+/// `install --artifact art` for `release` on the host root `host`.
+fn install(host: &Path, release: &str, art: &Path) -> (i32, Value) {
+    run(&install_args(
+        host.to_str().unwrap(),
+        release,
+        art.to_str().unwrap(),
+    ))
+}
+
+/// An empty host root `tmp/host` and a module-only artifact for `RELEASE`
+/// in `tmp/artifact`.
+fn empty_host_and_artifact(tmp: &Path) -> (PathBuf, PathBuf) {
+    let host = tmp.join("host");
+    fs::create_dir_all(&host).unwrap();
+    let art = tmp.join("artifact");
+    artifact(&art, RELEASE);
+    (host, art)
+}
+
+fn message(doc: &Value) -> &str {
+    doc["status"]["message"].as_str().unwrap()
+}
+
+/// The exit code and the status's reason, compared as one.
+fn outcome(code: i32, doc: &Value) -> (i32, Option<&str>) {
+    (code, doc["status"]["reason"].as_str())
+}
+
+/// Nothing was written under `outside` (what the host root's links name).
+fn assert_nothing_outside(outside: &Path) {
+    assert_eq!(
+        tree(outside),
+        Vec::<String>::new(),
+        "written outside the host root"
+    );
+}
+
+fn mode_bits(path: &Path) -> u32 {
+    fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
 fn artifact(dir: &Path, release: &str) {
@@ -95,19 +111,8 @@ fn artifact(dir: &Path, release: &str) {
 #[test]
 fn another_kernels_module_is_refused_before_any_load() {
     let tmp = tempfile::tempdir().unwrap();
-    let host = tmp.path().join("host");
-    fs::create_dir_all(&host).unwrap();
-    let art = tmp.path().join("artifact");
-    artifact(&art, "6.1.0-50-cloud-amd64");
-    let (code, doc) = run(&[
-        "--host-root",
-        host.to_str().unwrap(),
-        "--kernel-release",
-        "6.12.117+deb13-cloud-amd64",
-        "install",
-        "--artifact",
-        art.to_str().unwrap(),
-    ]);
+    let (host, art) = empty_host_and_artifact(tmp.path());
+    let (code, doc) = install(&host, "6.12.117+deb13-cloud-amd64", &art);
     assert_eq!(code, 14, "{doc}");
     assert_eq!(doc["kind"], "InstallResult");
     if !is_root() {
@@ -115,7 +120,7 @@ fn another_kernels_module_is_refused_before_any_load() {
         return;
     }
     assert_eq!(doc["status"]["reason"], "VermagicMismatch", "{doc}");
-    let msg = doc["status"]["message"].as_str().unwrap();
+    let msg = message(&doc);
     assert!(
         msg.contains("6.1.0-50-cloud-amd64") && msg.contains("6.12.117"),
         "{msg}"
@@ -131,29 +136,13 @@ fn another_kernels_module_is_refused_before_any_load() {
 #[test]
 fn a_tampered_artifact_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let host = tmp.path().join("host");
-    fs::create_dir_all(&host).unwrap();
-    let art = tmp.path().join("artifact");
-    artifact(&art, "6.1.0-50-cloud-amd64");
+    let (host, art) = empty_host_and_artifact(tmp.path());
     fs::write(art.join("modules/gpu_driver_test.ko"), b"tampered").unwrap();
-    let (code, doc) = run(&[
-        "--host-root",
-        host.to_str().unwrap(),
-        "--kernel-release",
-        "6.1.0-50-cloud-amd64",
-        "install",
-        "--artifact",
-        art.to_str().unwrap(),
-    ]);
+    let (code, doc) = install(&host, RELEASE, &art);
     assert_eq!(code, 14, "{doc}");
     if is_root() {
         assert_eq!(doc["status"]["reason"], "ArtifactInvalid", "{doc}");
-        assert!(
-            doc["status"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("sha256")
-        );
+        assert!(message(&doc).contains("sha256"));
     }
 }
 
@@ -171,10 +160,7 @@ fn uninstall_of_a_module_that_is_not_loaded_succeeds() {
         assert_eq!(code, 0, "{doc}");
         assert_eq!(doc["status"]["reason"], "Uninstalled");
     } else {
-        assert_eq!(
-            (code, doc["status"]["reason"].as_str()),
-            (14, Some("NotRoot"))
-        );
+        assert_eq!(outcome(code, &doc), (14, Some("NotRoot")));
     }
 }
 
@@ -185,7 +171,7 @@ fn verify_without_nvidia_smi_names_the_path() {
     assert_eq!(code, 15, "{doc}");
     assert_eq!(doc["kind"], "VerifyResult");
     assert_eq!(doc["status"]["reason"], "VerifyFailed");
-    let msg = doc["status"]["message"].as_str().unwrap();
+    let msg = message(&doc);
     assert!(
         msg.contains("var/lib/gpu-driver/drivers/current/usr/bin/nvidia-smi does not exist"),
         "{msg}"
@@ -228,10 +214,7 @@ fn verify_runs_the_given_nvidia_smi_and_compares() {
     let mut args = base.to_vec();
     args.extend(["--driver-version", "550.163.01"]);
     let (code, doc) = run(&args);
-    assert_eq!(
-        (code, doc["status"]["reason"].as_str()),
-        (15, Some("VerifyFailed"))
-    );
+    assert_eq!(outcome(code, &doc), (15, Some("VerifyFailed")));
 }
 
 #[test]
@@ -260,10 +243,16 @@ fn placement_host(dir: &Path, version: &str) -> PathBuf {
 }
 
 fn set_loaded(host: &Path, version: &str) {
+    set_module_loaded(host, "gpu_driver_test", version);
+}
+
+/// The host root lists `name` as loaded at `version` (beside the
+/// fixture's own modules), so install never loads it.
+fn set_module_loaded(host: &Path, name: &str, version: &str) {
     host_support::mark_loaded(
         host,
         &[host_support::Loaded {
-            name: "gpu_driver_test",
+            name,
             version: Some(version),
             srcversion: None,
         }],
@@ -379,12 +368,12 @@ fn artifact_with(dir: &Path, release: &str, version: &str, module: &str, fw: Opt
 
 const RELEASE: &str = "6.1.0-50-cloud-amd64";
 
-fn install_args<'a>(host: &'a str, art: &'a str) -> Vec<&'a str> {
+fn install_args<'a>(host: &'a str, release: &'a str, art: &'a str) -> Vec<&'a str> {
     vec![
         "--host-root",
         host,
         "--kernel-release",
-        RELEASE,
+        release,
         "install",
         "--artifact",
         art,
@@ -407,25 +396,20 @@ fn verifies(host: &Path, version: &str) -> Value {
         "--driver-version",
         version,
     ]);
-    assert_eq!(
-        (code, &doc["status"]["reason"]),
-        (0, &Value::from("Verified")),
-        "{doc}"
-    );
+    assert_eq!(outcome(code, &doc), (0, Some("Verified")), "{doc}");
     doc
 }
 
 #[test]
 fn user_space_is_placed_registered_and_verified() {
-    if !is_root() {
-        eprintln!("skipped: needs root (install refuses otherwise)");
+    if skipped_without_root("install refuses otherwise") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
     let host = placement_host(tmp.path(), "1.0");
     let art = tmp.path().join("a");
     artifact_with_user_space(&art, RELEASE, "1.0");
-    let (code, doc) = run(&install_args(host.to_str().unwrap(), art.to_str().unwrap()));
+    let (code, doc) = install(&host, RELEASE, &art);
     assert_eq!(code, 0, "{doc}");
     let s = &doc["status"];
     assert_eq!(s["reason"], "AlreadyInstalled", "{doc}");
@@ -457,11 +441,7 @@ fn user_space_is_placed_registered_and_verified() {
         fs::read_link(current.join(&ld).join("libnvidia-ml.so.1")).unwrap(),
         Path::new("libnvidia-ml.so.1.0")
     );
-    let mode = fs::metadata(current.join("usr/bin/nvidia-smi"))
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o755);
+    assert_eq!(mode_bits(&current.join("usr/bin/nvidia-smi")), 0o755);
     // ld.so.conf.d names the current root's library directory, and the
     // host's cache (written by the real ldconfig -r) resolves the SONAME
     // through it.
@@ -486,18 +466,14 @@ fn user_space_is_placed_registered_and_verified() {
     assert_eq!(doc["status"]["gpus"][0]["name"], "Tesla T4");
 
     // The same artifact again: nothing changes, the root is reused.
-    let (code, doc) = run(&install_args(host.to_str().unwrap(), art.to_str().unwrap()));
-    assert_eq!(
-        (code, &doc["status"]["reason"]),
-        (0, &Value::from("AlreadyInstalled"))
-    );
+    let (code, doc) = install(&host, RELEASE, &art);
+    assert_eq!(outcome(code, &doc), (0, Some("AlreadyInstalled")));
     assert_eq!(current_target(&host), root_name);
 }
 
 #[test]
 fn a_kill_9_at_any_point_leaves_a_usable_driver_and_the_next_run_completes() {
-    if !is_root() {
-        eprintln!("skipped: needs root (install refuses otherwise)");
+    if skipped_without_root("install refuses otherwise") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -508,7 +484,7 @@ fn a_kill_9_at_any_point_leaves_a_usable_driver_and_the_next_run_completes() {
     artifact_with_user_space(&a, RELEASE, "1.0");
     artifact_with_user_space(&b, RELEASE, "2.0");
     let install = |art: &Path| {
-        let (code, doc) = run(&install_args(&hs, art.to_str().unwrap()));
+        let (code, doc) = run(&install_args(&hs, RELEASE, art.to_str().unwrap()));
         assert_eq!(code, 0, "{doc}");
     };
     install(&a);
@@ -526,7 +502,7 @@ fn a_kill_9_at_any_point_leaves_a_usable_driver_and_the_next_run_completes() {
         set_loaded(&host, "2.0");
         let out = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"))
             .args(["--termination-log", "/nonexistent/termination-log"])
-            .args(install_args(&hs, b.to_str().unwrap()))
+            .args(install_args(&hs, RELEASE, b.to_str().unwrap()))
             .env("GPU_DRIVER_FAILPOINT", point)
             .output()
             .unwrap();
@@ -585,8 +561,7 @@ fn tree(dir: &Path) -> Vec<String> {
 
 #[test]
 fn links_in_the_host_root_never_lead_a_write_outside_it() {
-    if !is_root() {
-        eprintln!("skipped: needs root (install refuses otherwise)");
+    if skipped_without_root("install refuses otherwise") {
         return;
     }
     // `var/lib`, `etc/ld.so.conf.d`, `dev`, `run/nvidia` and
@@ -599,14 +574,7 @@ fn links_in_the_host_root_never_lead_a_write_outside_it() {
     let host = host_support::installable_host(tmp.path());
     // `nvidia`, so that device nodes are made; the fixture lists it as
     // loaded at this version, so nothing reaches the kernel.
-    host_support::mark_loaded(
-        &host,
-        &[host_support::Loaded {
-            name: "nvidia",
-            version: Some("1.0"),
-            srcversion: None,
-        }],
-    );
+    set_module_loaded(&host, "nvidia", "1.0");
     let param = host.join("sys/module/firmware_class/parameters/path");
     fs::create_dir_all(param.parent().unwrap()).unwrap();
     fs::write(&param, "").unwrap();
@@ -626,14 +594,10 @@ fn links_in_the_host_root_never_lead_a_write_outside_it() {
     let art = tmp.path().join("a");
     artifact_with(&art, RELEASE, "1.0", "nvidia", Some(b"gsp"));
 
-    let (code, doc) = run(&install_args(host.to_str().unwrap(), art.to_str().unwrap()));
+    let (code, doc) = install(&host, RELEASE, &art);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(doc["status"]["reason"], "AlreadyInstalled", "{doc}");
-    assert_eq!(
-        tree(o),
-        Vec::<String>::new(),
-        "written outside the host root"
-    );
+    assert_nothing_outside(o);
 
     // Everything landed where the links resolve inside the host root.
     let inside = host.join(o.strip_prefix("/").unwrap());
@@ -682,22 +646,15 @@ fn links_in_the_host_root_never_lead_a_write_outside_it() {
 
     // A second run (root reused, `current` switched again, old roots
     // collected through the links) still writes nothing outside.
-    let (code, doc) = run(&install_args(host.to_str().unwrap(), art.to_str().unwrap()));
+    let (code, doc) = install(&host, RELEASE, &art);
     assert_eq!(code, 0, "{doc}");
-    assert_eq!(
-        tree(o),
-        Vec::<String>::new(),
-        "written outside the host root"
-    );
+    assert_nothing_outside(o);
 }
 
 #[test]
 fn a_manifest_field_cannot_lead_a_write_out_of_the_host_root() {
     let tmp = tempfile::tempdir().unwrap();
-    let host = tmp.path().join("host");
-    fs::create_dir_all(&host).unwrap();
-    let art = tmp.path().join("artifact");
-    artifact(&art, RELEASE);
+    let (host, art) = empty_host_and_artifact(tmp.path());
     let outside = tmp.path().join("escaped");
     let manifest = fs::read_to_string(art.join("manifest.json")).unwrap();
     // From <host>/var/lib/gpu-driver/drivers/ up to tmp, then "escaped".
@@ -707,27 +664,13 @@ fn a_manifest_field_cannot_lead_a_write_out_of_the_host_root() {
     );
     assert_ne!(evil, manifest);
     fs::write(art.join("manifest.json"), evil).unwrap();
-    let (code, doc) = run(&[
-        "--host-root",
-        host.to_str().unwrap(),
-        "--kernel-release",
-        RELEASE,
-        "install",
-        "--artifact",
-        art.to_str().unwrap(),
-    ]);
+    let (code, doc) = install(&host, RELEASE, &art);
     assert_eq!(code, 14, "{doc}");
     if !is_root() {
         return;
     }
     assert_eq!(doc["status"]["reason"], "ArtifactInvalid", "{doc}");
-    assert!(
-        doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("driverVersion"),
-        "{doc}"
-    );
+    assert!(message(&doc).contains("driverVersion"), "{doc}");
     assert!(!outside.exists(), "written outside the host root");
     let drivers = host.join("var/lib/gpu-driver/drivers");
     let left: Vec<_> = fs::read_dir(&drivers)
@@ -751,15 +694,7 @@ fn what_a_killed_install_left_is_removed_by_the_next_one() {
     fs::write(left.join("modules/nvidia.ko"), vec![0u8; 1 << 20]).unwrap();
     let art = tmp.path().join("artifact");
     artifact(&art, RELEASE);
-    let (_, doc) = run(&[
-        "--host-root",
-        host.to_str().unwrap(),
-        "--kernel-release",
-        "6.12.117+deb13-cloud-amd64",
-        "install",
-        "--artifact",
-        art.to_str().unwrap(),
-    ]);
+    let (_, doc) = install(&host, "6.12.117+deb13-cloud-amd64", &art);
     assert_eq!(doc["status"]["reason"], "VermagicMismatch", "{doc}");
     assert!(!left.exists(), "the killed run's leftover is still there");
 }
@@ -772,8 +707,7 @@ fn what_a_killed_install_left_is_removed_by_the_next_one() {
 /// namespaces of their own (unshare), so nothing is left mounted here.
 #[test]
 fn the_driver_root_appears_in_pods_already_holding_run_nvidia_driver() {
-    if !is_root() {
-        eprintln!("skipped: needs root (mount namespaces)");
+    if skipped_without_root("mount namespaces") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -851,8 +785,7 @@ grep -c " $T/run/nvidia/driver " /proc/self/mountinfo > "$W/mounts" || true
 /// (the document says so).
 #[test]
 fn fabric_manager_is_placed_into_the_driver_root_and_its_units_stay_in_the_host_root() {
-    if !is_root() {
-        eprintln!("skipped: needs root (install refuses otherwise)");
+    if skipped_without_root("install refuses otherwise") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -883,17 +816,13 @@ fn fabric_manager_is_placed_into_the_driver_root_and_its_units_stay_in_the_host_
     )
     .unwrap();
     let fm = fabric_support::archive(tmp.path(), "1.0");
-    let mut args = install_args(host.to_str().unwrap(), art.to_str().unwrap());
+    let mut args = install_args(host.to_str().unwrap(), RELEASE, art.to_str().unwrap());
     args.extend(["--fabric-manager", fm.to_str().unwrap(), "--persistenced"]);
     let (code, doc) = run(&args);
     assert_eq!(code, 0, "{doc}");
     let s = &doc["status"];
     assert_eq!(s["reason"], "AlreadyInstalled", "{doc}");
-    assert_eq!(
-        tree(o),
-        Vec::<String>::new(),
-        "written outside the host root"
-    );
+    assert_nothing_outside(o);
 
     let root_name = current_target(&host);
     assert!(root_name.contains("-fm"), "{root_name}");
@@ -907,11 +836,7 @@ fn fabric_manager_is_placed_into_the_driver_root_and_its_units_stay_in_the_host_
     ] {
         assert!(root.join(f).is_file(), "{f} missing in {}", root.display());
     }
-    let mode = fs::metadata(root.join("usr/bin/nv-fabricmanager"))
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o755);
+    assert_eq!(mode_bits(&root.join("usr/bin/nv-fabricmanager")), 0o755);
     // NVIDIA's unit, SDK and headers are not placed.
     assert!(!root.join("systemd").exists() && !root.join("include").exists());
     let cfg = fs::read_to_string(root.join("etc/fabricmanager.cfg")).unwrap();
@@ -965,16 +890,11 @@ fn fabric_manager_is_placed_into_the_driver_root_and_its_units_stay_in_the_host_
     // Fabric Manager of another version is refused before anything moves.
     let other = tempfile::tempdir().unwrap();
     let fm2 = fabric_support::archive(other.path(), "2.0");
-    let mut args = install_args(host.to_str().unwrap(), art.to_str().unwrap());
+    let mut args = install_args(host.to_str().unwrap(), RELEASE, art.to_str().unwrap());
     args.extend(["--fabric-manager", fm2.to_str().unwrap()]);
     let (code, doc) = run(&args);
     assert_eq!(code, 14, "{doc}");
     assert_eq!(doc["status"]["reason"], "FabricManagerFailed", "{doc}");
-    assert!(
-        doc["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("Fabric Manager 2.0 does not match driver 1.0")
-    );
+    assert!(message(&doc).contains("Fabric Manager 2.0 does not match driver 1.0"));
     assert_eq!(current_target(&host), root_name);
 }

@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::cluster::{Cluster, EXIT_CODE, TERMINATION_MESSAGE};
+use crate::support::cluster::{Cluster, EXIT_CODE, JobPods, TERMINATION_MESSAGE};
+use crate::support::deploy::{install_crd, repo_file, yaml_files};
 use gpu_driver_installer::report::{Outcome, Reason};
 use gpu_driver_installer::run::{BuiltArtifact, Installed, RunSpec, Steps};
 use gpu_driver_operator::controller::{self, Options};
@@ -20,10 +21,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
 const NS: &str = "gpu-driver";
-
-fn repo_file(p: &str) -> String {
-    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p)).unwrap()
-}
 
 /// What a real `gpu-driver-installer run` writes on success or failure.
 fn run_result(reason: Reason, message: &str) -> String {
@@ -206,28 +203,40 @@ async fn client(kubeconfig: &std::path::Path) -> kube::Client {
 }
 
 fn install_base(c: &Cluster) {
-    c.apply(&repo_file("deploy/namespace.yaml"));
-    c.apply(&repo_file("deploy/crd.yaml"));
-    c.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/gpudrivers.gpu-driver.gardenlinux.io",
-        "--timeout=60s",
-    ]);
+    install_crd(c);
     c.apply(&repo_file("deploy/rbac.yaml"));
 }
 
-/// Every YAML file under `dir`, recursively, sorted.
-fn yaml_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            yaml_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
-            out.push(p);
-        }
-    }
-    out.sort();
+/// A control plane whose Job pods the test plays (`JobPods::Manual`),
+/// with the CRD and RBAC applied; `None` where no control plane is at hand.
+fn manual_cluster() -> Option<Cluster> {
+    let c = Cluster::start_with(JobPods::Manual)?;
+    install_base(&c);
+    Some(c)
+}
+
+/// Ends a `JobPods::Manual` pod with `exit_code` and `message`: the
+/// annotations the simulated kubelet (tools/k8s/stages) completes it by.
+fn finish_pod(c: &Cluster, pod: &Value, exit_code: &str, message: &str) {
+    let patch = json!({"metadata": {"annotations": {
+        EXIT_CODE: exit_code, TERMINATION_MESSAGE: message}}})
+    .to_string();
+    c.kubectl(&[
+        "patch",
+        "pod",
+        pod["metadata"]["name"].as_str().unwrap(),
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        &patch,
+    ]);
+}
+
+/// `gpudriver(name, name, {})` as a value, for a test to edit its spec.
+fn gpudriver_value(name: &str) -> Value {
+    serde_json::from_str(&gpudriver(name, name, json!({}))).unwrap()
 }
 
 /// Every manifest shipped under deploy/ (examples and NVIDIA's side
@@ -241,8 +250,7 @@ fn manifests_are_accepted_by_the_apiserver() {
     let Some(c) = Cluster::start() else { return };
     install_base(&c);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    yaml_files(&root.join("deploy"), &mut files);
+    let files = yaml_files(&root.join("deploy"));
     let mut checked = Vec::new();
     for path in &files {
         let f = path.strip_prefix(root).unwrap().to_str().unwrap();
@@ -599,11 +607,8 @@ fn free_port() -> u16 {
 /// binary stops.
 #[test]
 fn binary_detects_gpus_by_job_serves_metrics_and_yields_the_lease() {
-    let Some(c) = Cluster::start_with(crate::support::cluster::JobPods::Manual) else {
-        return;
-    };
-    install_base(&c);
-    let mut gd: Value = serde_json::from_str(&gpudriver("det", "det", json!({}))).unwrap();
+    let Some(c) = manual_cluster() else { return };
+    let mut gd = gpudriver_value("det");
     gd["spec"]["gpuDetection"] = json!({"nfd": false, "detectJob": true});
     c.apply(&gd.to_string());
     c.apply(&node("det-gpu", "det", false, false));
@@ -657,20 +662,7 @@ fn binary_detects_gpus_by_job_serves_metrics_and_yields_the_lease() {
                 ("install", "det-gpu") => &installed,
                 other => panic!("unexpected Job pod {other:?}"),
             };
-            let patch = json!({"metadata": {"annotations": {
-                EXIT_CODE: "0", TERMINATION_MESSAGE: message}}})
-            .to_string();
-            c.kubectl(&[
-                "patch",
-                "pod",
-                p["metadata"]["name"].as_str().unwrap(),
-                "-n",
-                NS,
-                "--type",
-                "merge",
-                "-p",
-                &patch,
-            ]);
+            finish_pod(&c, p, "0", message);
         }
         let gpu = get_json(&c, &["node", "det-gpu"]);
         let cpu = get_json(&c, &["node", "det-cpu"]);
@@ -854,14 +846,11 @@ fn until_nodes(
 /// patch per change.
 #[test]
 fn a_reboot_taints_and_unreadies_the_node_until_the_reinstall_is_verified() {
-    let Some(c) = Cluster::start_with(crate::support::cluster::JobPods::Manual) else {
-        return;
-    };
-    install_base(&c);
+    let Some(c) = manual_cluster() else { return };
     const STARTUP: &str = "gpu-driver.gardenlinux.io/driver-not-ready:NoSchedule";
     const OTHER: &str = "example.com/maintenance:NoSchedule";
     c.apply(&gpudriver("rb", "rb", json!({})));
-    let mut plain: Value = serde_json::from_str(&gpudriver("plain", "plain", json!({}))).unwrap();
+    let mut plain = gpudriver_value("plain");
     plain["spec"]
         .as_object_mut()
         .unwrap()
@@ -1026,20 +1015,7 @@ fn answer_matching(
         if !p["metadata"]["annotations"][EXIT_CODE].is_null() || !pick(p) {
             continue;
         }
-        let patch = json!({"metadata": {"annotations": {
-            EXIT_CODE: exit_code, TERMINATION_MESSAGE: message}}})
-        .to_string();
-        c.kubectl(&[
-            "patch",
-            "pod",
-            p["metadata"]["name"].as_str().unwrap(),
-            "-n",
-            NS,
-            "--type",
-            "merge",
-            "-p",
-            &patch,
-        ]);
+        finish_pod(c, p, exit_code, message);
         n += 1;
     }
     n
@@ -1095,17 +1071,14 @@ fn install_job_of<'a>(jobs: &'a [Value], node: &str) -> Option<&'a Value> {
 /// (compileOnNode). The status lists every target.
 #[test]
 fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
-    let Some(c) = Cluster::start_with(crate::support::cluster::JobPods::Manual) else {
-        return;
-    };
-    install_base(&c);
+    let Some(c) = manual_cluster() else { return };
     // A CPU node for build Jobs (the kubelet's arch label), in no GPU pool.
     c.apply(
         &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-1",
             "labels": {"kubernetes.io/arch": "amd64", "pool": "cpu"}}})
         .to_string(),
     );
-    let mut gd: Value = serde_json::from_str(&gpudriver("bld", "bld", json!({}))).unwrap();
+    let mut gd = gpudriver_value("bld");
     gd["spec"]["cache"] = json!({"url": "s3://gpu-cache/cluster-a",
         "secretName": "cache-reader", "writeSecretName": "cache-writer"});
     gd["spec"]["prebuild"] = json!([{"gardenLinuxVersion": "1592.4",
@@ -1307,11 +1280,8 @@ fn gpu_pod(name: &str, node: &str) -> String {
 /// transition is on the node and an Event.
 #[test]
 fn a_driver_upgrade_rolls_within_max_unavailable_and_respects_a_pdb() {
-    let Some(c) = Cluster::start_with(crate::support::cluster::JobPods::Manual) else {
-        return;
-    };
-    install_base(&c);
-    let mut gd: Value = serde_json::from_str(&gpudriver("up", "up", json!({}))).unwrap();
+    let Some(c) = manual_cluster() else { return };
+    let mut gd = gpudriver_value("up");
     gd["spec"]["driver"] = json!({"version": "550.163.01", "flavor": "open"});
     gd["spec"]["upgradePolicy"] = json!({"maxUnavailable": 1, "drainTimeoutSeconds": 600});
     c.apply(&gd.to_string());

@@ -15,6 +15,8 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Deserialize;
 
+use crate::support::deploy::yaml_files;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -494,17 +496,6 @@ fn image_refs(v: &serde_yaml::Value, out: &mut Vec<String>) {
     }
 }
 
-fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            yaml_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
-            out.push(p);
-        }
-    }
-}
-
 #[test]
 fn images_in_deploy_are_pinned_or_versioned_never_latest() {
     for bad in [
@@ -523,8 +514,7 @@ fn images_in_deploy_are_pinned_or_versioned_never_latest() {
     ] {
         assert!(pinned_or_versioned(good).is_ok(), "{good}");
     }
-    let mut files = Vec::new();
-    yaml_files(&repo().join("deploy"), &mut files);
+    let files = yaml_files(&repo().join("deploy"));
     let version = env!("CARGO_PKG_VERSION");
     let mut seen = 0;
     let mut bad = Vec::new();
@@ -699,8 +689,7 @@ fn helm_values_set_only_keys_the_cited_charts_have() {
         &["driver".into(), "enabeld".into()]
     ));
     // Every values file under deploy/ is in the table, so none escapes.
-    let mut files = Vec::new();
-    yaml_files(&repo().join("deploy"), &mut files);
+    let files = yaml_files(&repo().join("deploy"));
     for f in &files {
         let rel = f.strip_prefix(repo()).unwrap().to_str().unwrap();
         if rel.ends_with("-values.yaml") {

@@ -5,10 +5,12 @@
 pub mod aptsign;
 pub mod bin;
 pub mod cluster;
+pub mod deploy;
+pub mod elf;
 pub mod fabric;
 pub mod host;
 pub mod http;
-pub mod om;
 pub mod kernel_headers;
+pub mod om;
 pub mod run;
 pub mod tools;
