@@ -2,9 +2,10 @@
 //! loaded NVIDIA modules and Secure Boot through the host root.
 
 use crate::catalog::Catalog;
-use crate::error::{Error, Failure, Result};
+use crate::error::{Error, Failure, Result, Success};
 use crate::host::{self, CpuArch, HostRoot, OsInfo, PciRole};
-use crate::report::{Document, Kind, Outcome, Reason};
+use crate::report::{Kind, Outcome};
+use crate::step::{self, Done, StepStatus, Stopped};
 
 pub use gpu_driver_contract::detect::{DetectSpec, Gpu, HostReport, HostStatus};
 
@@ -21,25 +22,28 @@ pub struct DetectOptions<'a> {
 /// then `UnsupportedOs` (Failed), else `Detected`. A host read error ends the
 /// report Failed with what was read so far.
 pub fn detect(opts: &DetectOptions) -> HostReport {
-    let spec = DetectSpec {
-        host_root: opts.root.path().display().to_string(),
-        host_root_source: opts.root.source(),
-        kernel_release_override: opts.kernel_release.clone(),
-        arch_override: opts.arch,
-    };
-    let mut status = HostStatus::unfinished();
-    status.outcome = match fill(&mut status, opts) {
-        Ok(()) => decide(&status, opts.catalog),
-        Err(e) => Outcome::from(&e),
-    };
-    Document::new(Kind::HostReport, spec, status)
+    step::document(
+        spec(opts.root, opts.kernel_release.clone(), opts.arch),
+        step::attempt(HostStatus::unfinished(), |st| {
+            fill(st, opts)?;
+            decide(st, opts.catalog)
+        }),
+    )
+}
+
+/// What `detect` was asked.
+pub fn spec(root: &HostRoot, kernel_release: Option<String>, arch: Option<CpuArch>) -> DetectSpec {
+    DetectSpec {
+        host_root: root.path().display().to_string(),
+        host_root_source: root.source(),
+        kernel_release_override: kernel_release,
+        arch_override: arch,
+    }
 }
 
 /// A report that ended before detection could start (e.g. a bad catalog).
-pub fn detect_failed(spec: DetectSpec, outcome: Outcome) -> HostReport {
-    let mut status = HostStatus::unfinished();
-    status.outcome = outcome;
-    Document::new(Kind::HostReport, spec, status)
+pub fn detect_failed(spec: DetectSpec, error: Error) -> HostReport {
+    step::document(spec, Err(Stopped::at_start(error)))
 }
 
 /// The report of a node that is not here: `prebuild`'s target, given as
@@ -65,22 +69,20 @@ pub fn target_report(
         variant_id: None,
         source: "--os-id, --os-version".into(),
     };
-    let mut status = HostStatus::unfinished();
-    let supported = os_supported(catalog, &os);
-    status.outcome = match check_os(catalog, &os) {
-        Ok(()) => Outcome::new(
-            Reason::Detected,
+    let work = |st: &mut HostStatus| {
+        st.os_supported = Some(os_supported(catalog, &os));
+        st.os = Some(os.clone());
+        st.kernel_release = Some(kernel_release.to_string());
+        st.arch = Some(arch);
+        check_os(catalog, &os)?;
+        Ok(Done::new(
+            Success::Detected,
             format!(
                 "target {os_id} {os_version} with kernel {kernel_release} on {arch}, as given (no host detected, no GPU known)"
             ),
-        ),
-        Err(e) => Outcome::from(&e),
+        ))
     };
-    status.os_supported = Some(supported);
-    status.os = Some(os);
-    status.kernel_release = Some(kernel_release.to_string());
-    status.arch = Some(arch);
-    Document::new(Kind::HostReport, spec, status)
+    step::document(spec, step::attempt(HostStatus::unfinished(), work))
 }
 
 fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
@@ -136,19 +138,20 @@ pub fn os_supported(catalog: &Catalog, os: &OsInfo) -> bool {
     }
 }
 
-fn decide(st: &HostStatus, catalog: &Catalog) -> Outcome {
+fn decide(st: &HostStatus, catalog: &Catalog) -> Result<Done> {
     let Some(os) = &st.os else {
-        return Outcome::new(Reason::Internal, "detection finished without an OS");
+        return Err(Error::new(
+            Failure::Internal,
+            "detection finished without an OS",
+        ));
     };
     if st.gpus.is_empty() {
-        return Outcome::new(
-            Reason::NoGpu,
+        return Err(Error::new(
+            Failure::NoGpu,
             "no NVIDIA GPU (vendor 0x10de, display class 0x03xxxx) on this node; nothing to install",
-        );
+        ));
     }
-    if let Err(e) = check_os(catalog, os) {
-        return Outcome::from(&e);
-    }
+    check_os(catalog, os)?;
     let archs: Vec<String> = st
         .gpus
         .iter()
@@ -158,8 +161,8 @@ fn decide(st: &HostStatus, catalog: &Catalog) -> Outcome {
                 .unwrap_or_else(|| format!("unknown {}", g.device_id))
         })
         .collect();
-    Outcome::new(
-        Reason::Detected,
+    Ok(Done::new(
+        Success::Detected,
         format!(
             "{} {} with kernel {} and {} NVIDIA GPU(s): {}",
             os.id,
@@ -168,7 +171,7 @@ fn decide(st: &HostStatus, catalog: &Catalog) -> Outcome {
             st.gpus.len(),
             archs.join(", ")
         ),
-    )
+    ))
 }
 
 /// `UnsupportedOs` with what is supported, or Ok.
@@ -203,4 +206,14 @@ pub fn check_os(catalog: &Catalog, os: &OsInfo) -> Result<()> {
         .with_hint("upgrade the node, or pass a --catalog that lists this version"));
     }
     Ok(())
+}
+
+impl StepStatus for HostStatus {
+    const KIND: Kind = Kind::HostReport;
+    fn unfinished() -> Self {
+        HostStatus::unfinished()
+    }
+    fn set_outcome(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
 }

@@ -10,10 +10,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{self, CudaStatus};
-use crate::error::{Error, Failure, Result};
+use crate::error::{Error, Failure, Result, Success};
 use crate::host::{self, HostRoot, PciRole};
 use crate::install::DRIVERS_DIR;
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
+use crate::step::{self, Done, StepStatus};
 
 /// The query verify runs; its CSV columns are what [`parse_smi_csv`] reads.
 pub const SMI_ARGS: &[&str] = &[
@@ -190,36 +191,54 @@ pub fn verify(opts: &VerifyOptions) -> VerifyResult {
         libcuda: libcuda.display().to_string(),
         driver_version: opts.driver_version.clone(),
     };
-    let mut status = VerifyStatus {
-        outcome: Outcome::new(Reason::Internal, "verify did not finish"),
-        expected_driver_version: opts
-            .driver_version
-            .clone()
-            .or_else(|| installed_version(opts.root)),
-        expected_gpu_count: None,
-        gpus: Vec::new(),
-        cuda: None,
-    };
-    let smi_result = gpu_count(opts.root).and_then(|count| {
-        status.expected_gpu_count = Some(count);
-        smi_check(&smi, &mut status, count)
+    let mut status = VerifyStatus::unfinished();
+    status.expected_driver_version = opts
+        .driver_version
+        .clone()
+        .or_else(|| installed_version(opts.root));
+    let result = step::attempt(status, |status| {
+        let smi_result = gpu_count(opts.root).and_then(|count| {
+            status.expected_gpu_count = Some(count);
+            smi_check(&smi, status, count)
+        });
+        let cuda = cuda::check(opts.root, &libcuda, status.expected_gpu_count);
+        let done = combine(smi_result, &cuda);
+        status.cuda = Some(cuda);
+        done
     });
-    let cuda = cuda::check(opts.root, &libcuda, status.expected_gpu_count);
-    status.outcome = combine(smi_result, &cuda);
-    status.cuda = Some(cuda);
-    Document::new(Kind::VerifyResult, spec, status)
+    step::document(spec, result)
 }
 
 /// Both checks' outcome: nvidia-smi's failure first (its reason, with the
 /// CUDA check's result after it), else the CUDA check's
 /// (`CudaCheckFailed`), else `Verified`; the message always says both.
-pub fn combine(smi: Result<String>, cuda: &CudaStatus) -> Outcome {
+pub fn combine(smi: Result<String>, cuda: &CudaStatus) -> Result<Done> {
     match smi {
-        Err(e) => Outcome::new(e.reason, format!("{}; {}", e, cuda.message)),
-        Ok(msg) if !cuda.ok => {
-            Outcome::new(Reason::CudaCheckFailed, format!("{}; {msg}", cuda.message))
+        Err(e) => Err(Error::new(e.reason, format!("{e}; {}", cuda.message)).with_source(e)),
+        Ok(msg) if !cuda.ok => Err(Error::new(
+            Failure::CudaCheckFailed,
+            format!("{}; {msg}", cuda.message),
+        )),
+        Ok(msg) => Ok(Done::new(
+            Success::Verified,
+            format!("{msg}; {}", cuda.message),
+        )),
+    }
+}
+
+impl StepStatus for VerifyStatus {
+    const KIND: Kind = Kind::VerifyResult;
+    fn unfinished() -> Self {
+        VerifyStatus {
+            outcome: Outcome::new(Reason::Internal, "verify did not finish"),
+            expected_driver_version: None,
+            expected_gpu_count: None,
+            gpus: Vec::new(),
+            cuda: None,
         }
-        Ok(msg) => Outcome::new(Reason::Verified, format!("{msg}; {}", cuda.message)),
+    }
+    fn set_outcome(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
     }
 }
 
@@ -288,6 +307,10 @@ NVIDIA H100 80GB HBM3, GPU-0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b, 535.261.03, 815
 
     #[test]
     fn both_checks_are_reported() {
+        let combine = |smi, cuda| match super::combine(smi, cuda) {
+            Ok(done) => Outcome::from(done),
+            Err(e) => Outcome::from(&e),
+        };
         let cuda_ok = CudaStatus {
             ok: true,
             message: "CUDA 12.2 (driver API) on 1 device(s): …".into(),

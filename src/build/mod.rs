@@ -30,9 +30,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::artifact;
-use crate::error::{Error, Failure, Result};
+use crate::error::{Error, Failure, Result, Success};
 use crate::host::{CpuArch, HostRoot, ModuleFlavor};
-use crate::report::{Document, Kind, Outcome, Reason};
+use crate::step::{self, Done, StepResult, StepStatus, Stopped};
 
 pub use compile::{CompileFailure, EXCERPT_LINES, classify_log, make_args};
 pub use package::{check_machine, check_vermagic, collect_modules};
@@ -108,39 +108,54 @@ impl BuildOptions {
 }
 
 /// A build that could not start (bad arguments, unreadable kernel release).
-pub fn build_failed(spec: BuildSpec, outcome: Outcome) -> BuildResult {
-    Document::new(Kind::BuildResult, spec, BuildStatus::new(outcome))
+pub fn build_failed(spec: BuildSpec, error: Error) -> BuildResult {
+    step::document(spec, Err(Stopped::at_start(error)))
 }
 
 /// The whole `build` step, as a result document.
 /// An empty `kernel_release` means the host's running kernel; the cache
 /// configuration is checked first (a bad one is the caller's mistake).
 pub fn build(opts: &BuildOptions) -> BuildResult {
-    if let Some(Err(e)) = opts.cache.as_ref().map(crate::cache::CacheConfig::check) {
-        return build_failed(opts.spec(), Outcome::from(&e));
+    match running_release(opts) {
+        Ok(Some(release)) => build(&BuildOptions {
+            kernel_release: release,
+            ..opts.clone()
+        }),
+        Ok(None) => step::document(opts.spec(), build_status(opts)),
+        Err(e) => build_failed(opts.spec(), e),
     }
-    if opts.kernel_release.is_empty() {
-        return match crate::host::read_kernel_release(&opts.root) {
-            // An empty answer would send this call back to itself.
-            Ok(r) if r.is_empty() => build_failed(
-                opts.spec(),
-                Outcome::new(
-                    Reason::HostReadFailed,
-                    "the running kernel's release is empty",
-                ),
-            ),
-            Ok(r) => build(&BuildOptions {
-                kernel_release: r,
-                ..opts.clone()
-            }),
-            Err(e) => build_failed(opts.spec(), Outcome::from(&e)),
-        };
+}
+
+/// The cache configuration checked, then the running kernel's release
+/// when `opts` names none (`None`: it names one).
+fn running_release(opts: &BuildOptions) -> Result<Option<String>> {
+    if let Some(cache) = &opts.cache {
+        cache.check()?;
     }
-    let mut status = BuildStatus::new(Outcome::new(Reason::Internal, "build did not finish"));
+    if !opts.kernel_release.is_empty() {
+        return Ok(None);
+    }
+    let release = crate::host::read_kernel_release(&opts.root)?;
+    // An empty answer would send `build` back to itself.
+    if release.is_empty() {
+        return Err(Error::new(
+            Failure::HostReadFailed,
+            "the running kernel's release is empty",
+        ));
+    }
+    Ok(Some(release))
+}
+
+/// The `build` step's work, with what the artifact cache did (on a
+/// success, the cache's warnings follow the message).
+fn build_status(opts: &BuildOptions) -> StepResult<BuildStatus> {
     let mut session = opts.cache.as_ref().map(crate::cache::Session::start);
-    status.outcome = match run(opts, &mut status, session.as_mut()) {
-        Ok(message) => Outcome::new(Reason::Built, message),
-        Err(e) => Outcome::from(&e),
+    let mut result = step::attempt(BuildStatus::unfinished(), |st| {
+        run(opts, st, session.as_mut()).map(|msg| Done::new(Success::Built, msg))
+    });
+    let (status, succeeded) = match &mut result {
+        Ok(status) => (status, true),
+        Err(stopped) => (&mut *stopped.status, false),
     };
     status.cache = Some(match session {
         Some(s) => {
@@ -148,7 +163,7 @@ pub fn build(opts: &BuildOptions) -> BuildResult {
                 status.timings.cache_seconds = Some(seconds(Duration::from_secs_f64(s.seconds)));
             }
             let c = s.finish();
-            if !c.warnings.is_empty() && status.outcome.reason == Reason::Built {
+            if !c.warnings.is_empty() && succeeded {
                 status.outcome.message.push_str(&format!(
                     " (cache {:?}: {})",
                     c.outcome,
@@ -159,7 +174,7 @@ pub fn build(opts: &BuildOptions) -> BuildResult {
         }
         None => crate::cache::CacheStatus::disabled(),
     });
-    Document::new(Kind::BuildResult, opts.spec(), status)
+    result
 }
 
 /// Failures of our own filesystem (work and output directories): not the

@@ -4,7 +4,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::host::{CpuArch, ModuleFlavor};
-use crate::report::{Document, Outcome, StatusOutcome};
+use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
+use crate::step::StepStatus;
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -139,10 +140,11 @@ impl StatusOutcome for BuildStatus {
     }
 }
 
-impl BuildStatus {
-    pub(super) fn new(outcome: Outcome) -> Self {
+impl StepStatus for BuildStatus {
+    const KIND: Kind = Kind::BuildResult;
+    fn unfinished() -> Self {
         BuildStatus {
-            outcome,
+            outcome: Outcome::new(Reason::Internal, "build did not finish"),
             driver_version: None,
             arch: None,
             headers: None,
@@ -157,5 +159,8 @@ impl BuildStatus {
             timings: Timings::default(),
             cache: None,
         }
+    }
+    fn set_outcome(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
     }
 }

@@ -7,7 +7,6 @@ use object_store::PutMode;
 
 use super::store::{CacheConfig, Store, is_conflict, unavailable};
 use crate::error::{Error, Failure, Result};
-use crate::report::Reason;
 
 /// The object name of a driver package in the store's mirror.
 fn package_object(file: &str) -> String {
@@ -88,27 +87,27 @@ pub fn fetch_with_mirror(
             }
         }
     }
-    let mut doc = crate::fetch::fetch_package(req, opts);
-    if doc.status.outcome.reason != Reason::Fetched {
-        return doc;
-    }
-    if let Some(n) = restored {
-        doc.status.outcome.message = format!(
-            "{file} came from the cache store {}/{} ({n} bytes) and was verified against the trusted sha256 at {}",
-            cache.url.trim_end_matches('/'),
-            package_object(&file),
-            doc.status.path.as_deref().unwrap_or("?")
-        );
-    } else if cache.read_only {
-        tracing::debug!("{file}: not stored in the cache store: it is read-only");
-    } else if let Some(path) = &doc.status.path {
-        match store_package(cache, &file, Path::new(path)) {
-            Ok(true) => tracing::info!("{file}: stored in the cache store {}", cache.url),
-            Ok(false) => {}
-            Err(e) => tracing::warn!("{file}: not stored in the cache store: {e}"),
+    let spec = crate::fetch::FetchSpec::of(req, &opts);
+    let mut result = crate::fetch::fetch_status(req, &opts);
+    if let Ok(status) = &mut result {
+        if let Some(n) = restored {
+            status.outcome.message = format!(
+                "{file} came from the cache store {}/{} ({n} bytes) and was verified against the trusted sha256 at {}",
+                cache.url.trim_end_matches('/'),
+                package_object(&file),
+                status.path.as_deref().unwrap_or("?")
+            );
+        } else if cache.read_only {
+            tracing::debug!("{file}: not stored in the cache store: it is read-only");
+        } else if let Some(path) = &status.path {
+            match store_package(cache, &file, Path::new(path)) {
+                Ok(true) => tracing::info!("{file}: stored in the cache store {}", cache.url),
+                Ok(false) => {}
+                Err(e) => tracing::warn!("{file}: not stored in the cache store: {e}"),
+            }
         }
     }
-    doc
+    crate::step::document(spec, result)
 }
 
 /// Stores a verified package as `packages/<file>` unless it is there

@@ -76,20 +76,23 @@ pub fn agent(policy: &FetchPolicy) -> Result<reqwest::blocking::Client> {
     })
 }
 
+/// The variables a proxy is taken from, in order (`NO_PROXY` and
+/// `no_proxy` list the hosts that bypass it).
+pub const PROXY_VARS: [&str; 6] = [
+    "ALL_PROXY",
+    "all_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+];
+
 /// The proxy for every URL: the first usable of `ALL_PROXY`, `HTTPS_PROXY`
 /// and `HTTP_PROXY` (upper or lower case), bypassed for the hosts in
 /// `NO_PROXY`. HTTPS goes through it with CONNECT; plain HTTP (only with
 /// `--allow-http`) is forwarded by it.
 fn proxy_from_env() -> Option<reqwest::Proxy> {
-    const VARS: [&str; 6] = [
-        "ALL_PROXY",
-        "all_proxy",
-        "HTTPS_PROXY",
-        "https_proxy",
-        "HTTP_PROXY",
-        "http_proxy",
-    ];
-    for var in VARS {
+    for var in PROXY_VARS {
         let Ok(value) = std::env::var(var) else {
             continue;
         };

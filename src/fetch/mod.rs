@@ -25,9 +25,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Failure, Result};
 
 pub use checksum::find_checksum;
-pub use client::{agent, retryable_status};
+pub use client::{PROXY_VARS, agent, retryable_status};
 pub(crate) use client::{describe, describe_http_error};
 pub use download::fetch;
+pub(crate) use step::fetch_status;
 pub use step::{
     FetchResult, FetchSpec, FetchStatus, PackageRequest, fetch_package, fetch_package_failed,
     file_name_of,

@@ -8,8 +8,9 @@ use super::{
     Attempt, ChecksumSource, FetchError, FetchPolicy, FetchRequest, Fetched, check_url, fetch,
     find_checksum,
 };
-use crate::error::{Error, Failure, Result};
-use crate::report::Reason;
+use crate::error::{Error, Failure, Result, Success};
+use crate::report::{Kind, Outcome, Reason};
+use crate::step::{self, Done, StepResult, StepStatus, Stopped};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -120,10 +121,11 @@ impl FetchSpec {
     }
 }
 
-impl FetchStatus {
-    fn new(outcome: crate::report::Outcome) -> Self {
+impl StepStatus for FetchStatus {
+    const KIND: Kind = Kind::FetchResult;
+    fn unfinished() -> Self {
         FetchStatus {
-            outcome,
+            outcome: Outcome::new(Reason::Internal, "fetch did not finish"),
             path: None,
             sha256: None,
             checksum_source: None,
@@ -133,72 +135,76 @@ impl FetchStatus {
             attempts: Vec::new(),
         }
     }
+    fn set_outcome(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
 }
 
 /// A fetch that ended before it began (bad plan, bad arguments).
-pub fn fetch_package_failed(
-    url: String,
-    policy: &FetchPolicy,
-    outcome: crate::report::Outcome,
-) -> FetchResult {
-    crate::report::Document::new(
-        crate::report::Kind::FetchResult,
+pub fn fetch_package_failed(url: String, policy: &FetchPolicy, error: Error) -> FetchResult {
+    step::document(
         FetchSpec::new(url, Vec::new(), None, policy),
-        FetchStatus::new(outcome),
+        Err(Stopped::at_start(error)),
     )
 }
 
 /// The whole `fetch` step, as a result document.
 pub fn fetch_package(req: &PackageRequest, policy: FetchPolicy) -> FetchResult {
-    let spec = FetchSpec::new(
-        req.url.clone(),
-        req.mirrors.clone(),
-        req.sha256.as_ref().map(|(s, _)| s.clone()),
-        &policy,
-    );
-    let mut status = FetchStatus::new(crate::report::Outcome::new(
-        Reason::Internal,
-        "fetch did not finish",
-    ));
-    let file = file_name_of(&req.url);
-    let result = (|| -> Result<Fetched, FetchError> {
-        let urls = source_urls(req, &file)?;
-        for url in &urls {
-            check_url(url, policy.allow_http)?;
-        }
-        let (sha256, source) = find_checksum(req, &policy)?;
-        status.sha256 = Some(sha256.clone());
-        status.checksum_source = Some(source);
-        fetch(&policy, &FetchRequest { urls, sha256 })
-    })();
-    status.outcome = match result {
-        Ok(f) => {
-            let msg = if f.cache_hit {
-                format!(
-                    "{file} was already cached and verified at {}; no network used",
-                    f.path.display()
-                )
-            } else {
-                format!(
-                    "{file} downloaded from {} and verified ({} bytes) at {}",
-                    f.source_url.as_deref().unwrap_or("?"),
-                    f.size,
-                    f.path.display()
-                )
-            };
-            status.path = Some(f.path.display().to_string());
-            status.size_bytes = Some(f.size);
-            status.cache_hit = f.cache_hit;
-            status.source_url = f.source_url;
-            status.attempts = f.attempts;
-            crate::report::Outcome::new(Reason::Fetched, msg)
-        }
-        Err(e) => {
+    step::document(FetchSpec::of(req, &policy), fetch_status(req, &policy))
+}
+
+impl FetchSpec {
+    /// What fetching `req` under `policy` is asked.
+    pub(crate) fn of(req: &PackageRequest, policy: &FetchPolicy) -> Self {
+        FetchSpec::new(
+            req.url.clone(),
+            req.mirrors.clone(),
+            req.sha256.as_ref().map(|(s, _)| s.clone()),
+            policy,
+        )
+    }
+}
+
+/// The `fetch` step's work: the checksum found, the file downloaded (or
+/// found in the package cache) and verified; every attempt recorded,
+/// failed ones included.
+pub(crate) fn fetch_status(req: &PackageRequest, policy: &FetchPolicy) -> StepResult<FetchStatus> {
+    step::attempt(FetchStatus::unfinished(), |status| {
+        let file = file_name_of(&req.url);
+        let got = (|| -> Result<Fetched, FetchError> {
+            let urls = source_urls(req, &file)?;
+            for url in &urls {
+                check_url(url, policy.allow_http)?;
+            }
+            let (sha256, source) = find_checksum(req, policy)?;
+            status.sha256 = Some(sha256.clone());
+            status.checksum_source = Some(source);
+            fetch(policy, &FetchRequest { urls, sha256 })
+        })();
+        let f = got.map_err(|e| {
             status.attempts = e.attempts;
-            crate::report::Outcome::from(&e.error)
-        }
-    };
-    crate::report::Document::new(crate::report::Kind::FetchResult, spec, status)
+            e.error
+        })?;
+        let msg = if f.cache_hit {
+            format!(
+                "{file} was already cached and verified at {}; no network used",
+                f.path.display()
+            )
+        } else {
+            format!(
+                "{file} downloaded from {} and verified ({} bytes) at {}",
+                f.source_url.as_deref().unwrap_or("?"),
+                f.size,
+                f.path.display()
+            )
+        };
+        status.path = Some(f.path.display().to_string());
+        status.size_bytes = Some(f.size);
+        status.cache_hit = f.cache_hit;
+        status.source_url = f.source_url;
+        status.attempts = f.attempts;
+        Ok(Done::new(Success::Fetched, msg))
+    })
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use super::services::{HostSystemd, Started};
 use super::{InstallOptions, UninstallOptions};
 use crate::host::ModuleFlavor;
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
+use crate::step::StepStatus;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -165,8 +166,9 @@ pub struct ServiceState {
     pub started: Option<String>,
 }
 
-impl InstallStatus {
-    pub(super) fn new() -> Self {
+impl StepStatus for InstallStatus {
+    const KIND: Kind = Kind::InstallResult;
+    fn unfinished() -> Self {
         InstallStatus {
             outcome: Outcome::new(Reason::Internal, "install did not finish"),
             kernel_release: None,
@@ -183,6 +185,9 @@ impl InstallStatus {
             fabric_manager: None,
             services: Vec::new(),
         }
+    }
+    fn set_outcome(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
     }
 }
 
@@ -246,17 +251,6 @@ pub(super) fn uninstall_spec(opts: &UninstallOptions) -> InstallSpec {
         peermem: true,
         force: opts.force,
     }
-}
-
-/// The result document of `spec`.
-pub(super) fn document(spec: InstallSpec, status: InstallStatus) -> InstallResult {
-    Document::new(Kind::InstallResult, spec, status)
-}
-
-pub(super) fn install_failed(spec: InstallSpec, outcome: Outcome) -> InstallResult {
-    let mut status = InstallStatus::new();
-    status.outcome = outcome;
-    document(spec, status)
 }
 
 pub(super) fn user_space_status(present: bool, host_dir: &Path, files: Vec<String>) -> UserSpace {

@@ -55,7 +55,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Failure, Result};
 use crate::host::HostRoot;
-use crate::report::Outcome;
+use crate::step::{self, StepStatus, Stopped};
 
 pub use documents::{
     Action, FabricManagerState, InstallResult, InstallSpec, InstallStatus, ModuleAction,
@@ -135,28 +135,24 @@ impl FabricManagerArchive {
 /// Installs the artifact `opts` names; the result says what happened,
 /// failures included.
 pub fn install(opts: &InstallOptions) -> InstallResult {
-    let mut status = InstallStatus::new();
-    status.outcome = match steps::install(opts, &mut status) {
-        Ok(outcome) => outcome,
-        Err(e) => Outcome::from(&e),
-    };
-    documents::document(documents::install_spec(opts), status)
+    step::document(
+        documents::install_spec(opts),
+        step::attempt(InstallStatus::unfinished(), |st| steps::install(opts, st)),
+    )
 }
 
 /// An install refused before it began (e.g. an unreadable
 /// `--fabric-manager` archive).
-pub fn install_refused(opts: &InstallOptions, e: &Error) -> InstallResult {
-    documents::install_failed(documents::install_spec(opts), Outcome::from(e))
+pub fn install_refused(opts: &InstallOptions, e: Error) -> InstallResult {
+    step::document(documents::install_spec(opts), Err(Stopped::at_start(e)))
 }
 
 /// Unloads the driver's modules; the result says what happened.
 pub fn uninstall(opts: &UninstallOptions) -> InstallResult {
-    let mut status = InstallStatus::new();
-    status.outcome = match steps::uninstall(opts, &mut status) {
-        Ok(o) => o,
-        Err(e) => Outcome::from(&e),
-    };
-    documents::document(documents::uninstall_spec(opts), status)
+    step::document(
+        documents::uninstall_spec(opts),
+        step::attempt(InstallStatus::unfinished(), |st| steps::uninstall(opts, st)),
+    )
 }
 
 /// Loading and unloading modules needs root: refused up front, before

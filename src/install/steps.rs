@@ -13,11 +13,12 @@ use super::kmod::{self, KernelModule, NVIDIA_STACK};
 use super::roots::{self, Staging, in_drivers};
 use super::{InstallOptions, LOCAL_IO, LOCK_PATH, UninstallOptions, check_root, devices, services};
 use crate::artifact::{self, Manifest};
+use crate::error::Success;
 use crate::error::{Error, Failure, Result};
 use crate::host::{self, HostRoot};
 use crate::hostfs::{HostFs, HostRootFs};
 use crate::modinfo::{self, ModInfo};
-use crate::report::{Outcome, Reason};
+use crate::step::Done;
 
 /// What every step of one install reads.
 struct Run<'a> {
@@ -56,7 +57,7 @@ struct Placed {
 /// The steps, in order; the first failure ends the install. Each step
 /// that changes the host is a rename of something complete, so a kill at
 /// any point leaves `current` on a complete root (docs/install.md).
-pub(super) fn install(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Outcome> {
+pub(super) fn install(opts: &InstallOptions, st: &mut InstallStatus) -> Result<Done> {
     check_root()?;
     let run = prepare(opts, st)?;
     let _lock = run.fs.lock(LOCK_PATH)?;
@@ -464,10 +465,10 @@ fn outcome(
     same: &BTreeSet<String>,
     loaded_now: &[String],
     st: &InstallStatus,
-) -> Outcome {
+) -> Done {
     if loaded_now.is_empty() {
-        return Outcome::new(
-            Reason::AlreadyInstalled,
+        return Done::new(
+            Success::AlreadyInstalled,
             format!(
                 "{} {} is already loaded ({}); nothing was reloaded",
                 manifest.driver_version,
@@ -490,14 +491,14 @@ fn outcome(
     if !placed.has_user_space {
         msg.push_str("; the artifact has no user space (nvidia-smi): install it separately");
     }
-    Outcome::new(Reason::Installed, msg)
+    Done::new(Success::Installed, msg)
 }
 
 // ------------------------------------------------------------ uninstall
 
 /// Unloads the modules asked for (NVIDIA's stack by default), holders
 /// first, after stopping our daemons when the core goes.
-pub(super) fn uninstall(opts: &UninstallOptions, st: &mut InstallStatus) -> Result<Outcome> {
+pub(super) fn uninstall(opts: &UninstallOptions, st: &mut InstallStatus) -> Result<Done> {
     check_root()?;
     let root = opts.root;
     let _lock = root.fs()?.lock(LOCK_PATH)?;
@@ -516,8 +517,8 @@ pub(super) fn uninstall(opts: &UninstallOptions, st: &mut InstallStatus) -> Resu
         .cloned()
         .collect();
     if set.is_empty() {
-        return Ok(Outcome::new(
-            Reason::Uninstalled,
+        return Ok(Done::new(
+            Success::Uninstalled,
             format!("none of {} is loaded; nothing to do", wanted.join(", ")),
         ));
     }
@@ -531,8 +532,8 @@ pub(super) fn uninstall(opts: &UninstallOptions, st: &mut InstallStatus) -> Resu
     let done = kmod::unload_all(&set, &loaded)?;
     st.modules
         .extend(done.iter().map(|name| ModuleState::unloaded(name)));
-    Ok(Outcome::new(
-        Reason::Uninstalled,
+    Ok(Done::new(
+        Success::Uninstalled,
         format!("unloaded {}", done.join(", ")),
     ))
 }

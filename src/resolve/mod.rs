@@ -6,10 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{self, Architecture, Catalog};
 use crate::detect::{self, DetectOptions, Gpu, HostReport};
-use crate::error::{Error, Failure, Result};
+use crate::error::{Error, Failure, Result, Success};
 use crate::headers::installed_headers;
 use crate::host::{self, CpuArch, HostRoot, KernelVersion, ModuleFlavor};
-use crate::report::{Document, Kind, Outcome, Phase, Reason, StatusOutcome};
+use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
+use crate::step::{self, Done, StepStatus, Stopped};
 
 mod flavor;
 
@@ -170,10 +171,11 @@ pub struct PlannedParams {
     pub reason: String,
 }
 
-impl PlanStatus {
-    fn new(outcome: Outcome) -> Self {
+impl StepStatus for PlanStatus {
+    const KIND: Kind = Kind::InstallPlan;
+    fn unfinished() -> Self {
         PlanStatus {
-            outcome,
+            outcome: Outcome::new(Reason::Internal, "resolve did not finish"),
             os: None,
             kernel_release: None,
             gpus: Vec::new(),
@@ -193,11 +195,14 @@ impl PlanStatus {
             persistenced: None,
         }
     }
+    fn set_outcome(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
 }
 
 /// A plan that ended before resolution could start (e.g. a bad catalog).
-pub fn plan_failed(spec: ResolveSpec, outcome: Outcome) -> InstallPlan {
-    Document::new(Kind::InstallPlan, spec, PlanStatus::new(outcome))
+pub fn plan_failed(spec: ResolveSpec, error: Error) -> InstallPlan {
+    step::document(spec, Err(Stopped::at_start(error)))
 }
 
 pub type InstallPlan = Document<ResolveSpec, PlanStatus>;
@@ -237,18 +242,18 @@ pub fn resolve_report(opts: &ResolveOptions, report: &HostReport) -> InstallPlan
         kernel_release_override: opts.kernel_release.clone(),
         catalog: opts.catalog_label.clone(),
     };
-    let mut st = PlanStatus::new(report.status.outcome.clone());
+    let mut st = PlanStatus::unfinished();
     st.os = report.status.os.clone();
     st.kernel_release = report.status.kernel_release.clone();
     st.gpus = report.status.gpus.clone();
-    // Detection already decided NoGpu / UnsupportedOs / read errors.
-    if report.status.outcome.phase == Phase::Succeeded {
-        st.outcome = match plan(&mut st, report, opts) {
-            Ok(msg) => Outcome::new(Reason::Resolved, msg),
-            Err(e) => Outcome::from(&e),
-        };
-    }
-    Document::new(Kind::InstallPlan, spec, st)
+    step::document(
+        spec,
+        step::attempt(st, |st| {
+            // Detection already decided NoGpu / UnsupportedOs / read errors.
+            step::succeeded(&report.status.outcome)?;
+            plan(st, report, opts).map(|msg| Done::new(Success::Resolved, msg))
+        }),
+    )
 }
 
 fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Result<String> {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::build::{self, BuildOptions, BuildResult};
 use crate::cache::CacheConfig;
 use crate::catalog::Catalog;
-use crate::detect::{self, DetectOptions, DetectSpec, HostReport};
+use crate::detect::{self, DetectOptions, HostReport};
 use crate::error::{Error, Failure, Result};
 use crate::fetch::{
     self, ChecksumSource, FetchPolicy, FetchResult, PackageRequest, RetryPolicy, Timeouts,
@@ -26,6 +26,7 @@ use crate::hostfs::HostRootFs;
 use crate::install::{self, InstallOptions};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, ResultDocument};
 use crate::resolve::{self, FlavorChoice, InstallPlan, ResolveOptions, ResolveSpec};
+use crate::step::Done;
 use crate::verify::{self, VerifyOptions};
 
 mod prebuild;
@@ -199,13 +200,8 @@ pub fn detect(cfg: &Config) -> HostReport {
     match cfg.load_catalog() {
         Ok(catalog) => detect_with(cfg, &catalog),
         Err(e) => detect::detect_failed(
-            DetectSpec {
-                host_root: cfg.root.path().display().to_string(),
-                host_root_source: cfg.root.source(),
-                kernel_release_override: cfg.kernel_release.clone(),
-                arch_override: cfg.arch,
-            },
-            Outcome::from(&e),
+            detect::spec(&cfg.root, cfg.kernel_release.clone(), cfg.arch),
+            e,
         ),
     }
 }
@@ -226,7 +222,7 @@ pub fn resolve(cfg: &Config) -> InstallPlan {
             let report = detect_with(cfg, &catalog);
             resolve_with(cfg, &catalog, &report)
         }
-        Err(e) => resolve::plan_failed(resolve_spec(cfg), Outcome::from(&e)),
+        Err(e) => resolve::plan_failed(resolve_spec(cfg), e),
     }
 }
 
@@ -267,11 +263,11 @@ pub fn fetch(cfg: &Config) -> FetchResult {
 /// Downloads `--url` or the plan's package, verified, through the cache's
 /// package mirror when there is a cache.
 fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
-    let failed = |e: &Error| {
+    let failed = |e: Error| {
         fetch::fetch_package_failed(
             cfg.download.url.clone().unwrap_or_default(),
             &cfg.fetch_options(),
-            Outcome::from(e),
+            e,
         )
     };
     let request = match (&cfg.download.url, plan) {
@@ -284,10 +280,10 @@ fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
         },
         (None, Some(plan)) => match package_request(cfg, plan) {
             Ok(r) => r,
-            Err(e) => return failed(&e),
+            Err(e) => return failed(e),
         },
         (None, None) => {
-            return failed(&Error::new(
+            return failed(Error::new(
                 Failure::Internal,
                 "fetch without a URL or a plan",
             ));
@@ -299,16 +295,15 @@ fn fetch_step(cfg: &Config, plan: Option<&InstallPlan>) -> FetchResult {
 /// Downloads one request, verified, through the cache's package mirror
 /// when there is a cache.
 fn fetch_request(cfg: &Config, request: &PackageRequest) -> FetchResult {
-    let failed = |e: &Error| {
-        fetch::fetch_package_failed(request.url.clone(), &cfg.fetch_options(), Outcome::from(e))
-    };
+    let failed =
+        |e: Error| fetch::fetch_package_failed(request.url.clone(), &cfg.fetch_options(), e);
     let cache = match cfg.checked_cache() {
         Ok(c) => c,
-        Err(e) => return failed(&e),
+        Err(e) => return failed(e),
     };
     let opts = match cfg.confined_fetch_options() {
         Ok(o) => o,
-        Err(e) => return failed(&e),
+        Err(e) => return failed(e),
     };
     match cache {
         Some(c) => crate::cache::fetch_with_mirror(c, request, opts),
@@ -346,15 +341,13 @@ fn flag_checksum(cfg: &Config) -> Option<(String, ChecksumSource)> {
 
 /// The package of a resolved plan; fails with the plan's own reason.
 fn package_request(cfg: &Config, plan: &InstallPlan) -> Result<PackageRequest> {
-    let outcome = &plan.status.outcome;
-    let package = match (&plan.status.package, outcome.reason) {
-        (Some(p), Reason::Resolved) => p,
-        // A plan without a package that still says Resolved is our bug.
-        _ => {
-            let failure = outcome.reason.split().err().unwrap_or(Failure::Internal);
-            return Err(Error::new(failure, outcome.message.clone()));
-        }
-    };
+    crate::step::succeeded(&plan.status.outcome)?;
+    // A plan without a package that still says Resolved is our bug.
+    let package = plan
+        .status
+        .package
+        .as_ref()
+        .ok_or_else(|| Error::new(Failure::Internal, plan.status.outcome.message.clone()))?;
     let mut mirrors = cfg.download.mirrors.clone();
     mirrors.extend(package.mirrors.iter().cloned());
     Ok(PackageRequest {
@@ -400,16 +393,16 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
                 c
             });
         }
-        Err(e) => return build::build_failed(opts.spec(), Outcome::from(&e)),
+        Err(e) => return build::build_failed(opts.spec(), e),
     }
     match cfg.host_dir(BUILD_CACHE) {
         Ok(d) => opts.out_dir = d,
-        Err(e) => return build::build_failed(opts.spec(), Outcome::from(&e)),
+        Err(e) => return build::build_failed(opts.spec(), e),
     }
     if let Some(h) = &st.headers {
         match headers_for(cfg, h, &release, st.arch) {
             Ok(dir) => opts.headers = dir,
-            Err(e) => return build::build_failed(opts.spec(), Outcome::from(&e)),
+            Err(e) => return build::build_failed(opts.spec(), e),
         }
     }
     build::build(&opts)
@@ -478,7 +471,7 @@ pub fn install_with_daemons(
     if let Some(p) = fabric_manager {
         match install::FabricManagerArchive::local(p) {
             Ok(a) => opts.fabric_manager = Some(a),
-            Err(e) => return install::install_refused(&opts, &e),
+            Err(e) => return install::install_refused(&opts, e),
         }
     }
     install::install(&opts)
@@ -529,26 +522,27 @@ pub fn run(cfg: &Config) -> RunResult {
     };
     let mut steps = Steps::new();
     if let Err(e) = check_install_flags(cfg) {
-        return steps.finish(spec, Some(Outcome::from(&e)));
+        return steps.stop(spec, &e);
     }
     let catalog = match cfg.load_catalog() {
         Ok(c) => c,
-        Err(e) => return steps.finish(spec, Some(Outcome::from(&e))),
+        Err(e) => return steps.stop(spec, &e),
     };
     let report = detect_with(cfg, &catalog);
     if !steps.push(Kind::HostReport, &report) {
-        return steps.finish(spec, None);
+        return steps.finish(spec);
     }
     let (artifact, plan, fm) = match &cfg.artifact {
         Some(a) => (a.clone(), None, None),
         None => match plan_fetch_build(cfg, &catalog, &report, &mut steps) {
             Ok(Built { artifact, plan, fm }) => (artifact, Some(plan), fm),
-            Err(outcome) => return steps.finish(spec, outcome),
+            Err(None) => return steps.finish(spec),
+            Err(Some(e)) => return steps.stop(spec, &e),
         },
     };
     let installed = install_planned(cfg, &artifact, plan.as_deref(), fm);
     if !steps.push(Kind::InstallResult, &installed) {
-        return steps.finish(spec, None);
+        return steps.finish(spec);
     }
     steps.set_installed(Installed {
         driver_version: installed.status.driver_version.clone(),
@@ -557,7 +551,7 @@ pub fn run(cfg: &Config) -> RunResult {
     });
     let verified = verify(cfg, installed.status.driver_version.clone());
     steps.push(Kind::VerifyResult, &verified);
-    steps.finish(spec, None)
+    steps.finish(spec)
 }
 
 /// `--no-compile` and `--artifact-sha256` are about the cache: without
@@ -590,14 +584,14 @@ struct Built {
 }
 
 /// resolve → fetch (the driver, then Fabric Manager where planned) →
-/// build; the artifact, or the outcome to end the run with (`None`: the
-/// last step's).
+/// build; the artifact, or the error to end the run with (`None`: the
+/// last step's outcome).
 fn plan_fetch_build(
     cfg: &Config,
     catalog: &Catalog,
     report: &HostReport,
     steps: &mut Steps,
-) -> std::result::Result<Built, Option<Outcome>> {
+) -> std::result::Result<Built, Option<Error>> {
     let plan = resolve_with(cfg, catalog, report);
     if !steps.push(Kind::InstallPlan, &plan) {
         return Err(None);
@@ -623,8 +617,8 @@ fn plan_fetch_build(
             plan: Box::new(plan),
             fm,
         }),
-        None => Err(Some(Outcome::new(
-            Reason::Internal,
+        None => Err(Some(Error::new(
+            Failure::Internal,
             "build succeeded without an artifact",
         ))),
     }
@@ -695,14 +689,26 @@ impl Steps {
         self.built = Some(built);
     }
 
-    /// Ends the run with the last step's outcome (or `outcome` when given).
-    pub fn finish(self, spec: RunSpec, outcome: Option<Outcome>) -> RunResult {
-        let outcome = outcome.unwrap_or_else(|| {
-            self.steps.last().map_or_else(
-                || Outcome::new(Reason::Internal, "run had no steps"),
-                |s| Outcome::new(s.reason, s.message.clone()),
-            )
-        });
+    /// Ends the run with the last step's outcome.
+    pub fn finish(self, spec: RunSpec) -> RunResult {
+        let outcome = self.steps.last().map_or_else(
+            || Outcome::new(Reason::Internal, "run had no steps"),
+            |s| Outcome::new(s.reason, s.message.clone()),
+        );
+        self.end(spec, outcome)
+    }
+
+    /// Ends the run with the error that stopped it outside any step.
+    pub fn stop(self, spec: RunSpec, error: &Error) -> RunResult {
+        self.end(spec, Outcome::from(error))
+    }
+
+    /// Ends the run with a success of its own (`prebuild`'s `Built`).
+    pub fn succeed(self, spec: RunSpec, done: Done) -> RunResult {
+        self.end(spec, done.into())
+    }
+
+    fn end(self, spec: RunSpec, outcome: Outcome) -> RunResult {
         Document::new(
             Kind::RunResult,
             spec,

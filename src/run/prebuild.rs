@@ -7,11 +7,12 @@ use super::{
 };
 use crate::build::BuildResult;
 use crate::catalog::Catalog;
-use crate::detect::{self, DetectSpec, HostReport};
-use crate::error::{Error, Failure, Result};
+use crate::detect::{self, HostReport};
+use crate::error::{Error, Failure, Result, Success};
 use crate::host::CpuArch;
-use crate::report::{Kind, Outcome, Phase, Reason};
+use crate::report::{Kind, Reason};
 use crate::resolve::{FlavorChoice, InstallPlan};
+use crate::step::Done;
 
 /// `prebuild`: resolve → fetch → build for a target given on the command
 /// line (the OS as its os-release names it, `--kernel-release`, `--arch`)
@@ -35,41 +36,35 @@ pub fn prebuild(cfg: &Config, os_id: &str, os_version: &str) -> RunResult {
     let mut steps = Steps::new();
     let (kernel, arch) = match check_prebuild_flags(cfg, os_id, os_version) {
         Ok(t) => t,
-        Err(e) => return steps.finish(spec, Some(Outcome::from(&e))),
+        Err(e) => return steps.stop(spec, &e),
     };
     let catalog = match cfg.load_catalog() {
         Ok(c) => c,
-        Err(e) => return steps.finish(spec, Some(Outcome::from(&e))),
+        Err(e) => return steps.stop(spec, &e),
     };
-    let detect_spec = DetectSpec {
-        host_root: cfg.root.path().display().to_string(),
-        host_root_source: cfg.root.source(),
-        kernel_release_override: Some(kernel.clone()),
-        arch_override: Some(arch),
-    };
+    let detect_spec = detect::spec(&cfg.root, Some(kernel.clone()), Some(arch));
     let report = detect::target_report(detect_spec, &catalog, os_id, os_version, &kernel, arch);
-    if report.status.outcome.phase != Phase::Succeeded {
-        let o = report.status.outcome.clone();
-        return steps.finish(spec, Some(o));
+    if let Err(e) = crate::step::succeeded(&report.status.outcome) {
+        return steps.stop(spec, &e);
     }
     let plan = prebuild_plan(cfg, &catalog, &report);
     if !steps.push(Kind::InstallPlan, &plan) {
-        return steps.finish(spec, None);
+        return steps.finish(spec);
     }
     let fetched = fetch_step(cfg, Some(&plan));
     if !steps.push(Kind::FetchResult, &fetched) {
-        return steps.finish(spec, None);
+        return steps.finish(spec);
     }
     let built = build_step(cfg, &plan, &fetched);
     if !steps.push(Kind::BuildResult, &built) {
-        return steps.finish(spec, None);
+        return steps.finish(spec);
     }
     match stored_artifact(&built) {
         Ok((b, message)) => {
             steps.set_built(b);
-            steps.finish(spec, Some(Outcome::new(Reason::Built, message)))
+            steps.succeed(spec, Done::new(Success::Built, message))
         }
-        Err(e) => steps.finish(spec, Some(Outcome::from(&e))),
+        Err(e) => steps.stop(spec, &e),
     }
 }
 
@@ -209,12 +204,7 @@ mod tests {
         cfg.arch = Some(CpuArch::X86_64);
         cfg.flavor = flavor;
         let catalog = Catalog::embedded().unwrap();
-        let spec = DetectSpec {
-            host_root: dir.path().display().to_string(),
-            host_root_source: HostRootSource::Flag,
-            kernel_release_override: cfg.kernel_release.clone(),
-            arch_override: cfg.arch,
-        };
+        let spec = detect::spec(&cfg.root, cfg.kernel_release.clone(), cfg.arch);
         let report = detect::target_report(spec, &catalog, os.0, os.1, kernel, CpuArch::X86_64);
         assert_eq!(report.status.outcome.reason, Reason::Detected, "{report:?}");
         assert!(report.status.gpus.is_empty());
@@ -255,7 +245,8 @@ mod tests {
 
     #[test]
     fn a_prebuild_is_built_only_when_the_artifact_is_in_the_store() {
-        let mut built = build::build_failed(
+        let mut built = crate::report::Document::new(
+            Kind::BuildResult,
             BuildOptions {
                 source: PathBuf::from("/src.run"),
                 kernel_release: "6.1.0-50-cloud-amd64".into(),
@@ -272,9 +263,10 @@ mod tests {
                 no_compile: false,
             }
             .spec(),
-            Outcome::new(Reason::Built, "built"),
+            <build::BuildStatus as crate::step::StepStatus>::unfinished(),
         );
         let st = &mut built.status;
+        st.outcome = crate::report::Outcome::new(Reason::Built, "built");
         st.driver_version = Some("535.261.03".into());
         st.arch = Some(CpuArch::X86_64);
         st.artifact = Some("/out/a.tar.zst".into());

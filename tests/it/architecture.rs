@@ -3,8 +3,9 @@
 //! installer, operator and exporter on the contract alone), no import
 //! circle between a crate's modules, the page's module tables and the code
 //! agree both ways, clap only in the binaries' CLI modules, no function
-//! longer than MAX_FN_LINES, and no `Result<_, String>` (a failure must
-//! keep its reason). Reads the sources; pure logic.
+//! longer than MAX_FN_LINES, no `Result<_, String>` (a failure must
+//! keep its reason), and the installer's step documents made by one
+//! adapter. Reads the sources; pure logic.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -439,5 +440,50 @@ fn no_result_with_a_string_error() {
         found.is_empty(),
         "failures that lose their reason:\n{}",
         found.join("\n")
+    );
+}
+
+/// Lines of the installer's sources (unit tests aside) that contain
+/// `needle`, outside the files allowed to.
+fn installer_lines_with(needle: &str, allowed: &[&str]) -> Vec<String> {
+    let src = src_of("gpu-driver-installer");
+    let mut found = Vec::new();
+    for (p, code) in sources_of("gpu-driver-installer") {
+        let rel = p.strip_prefix(&src).unwrap();
+        if allowed.iter().any(|a| rel == Path::new(a)) {
+            continue;
+        }
+        for (i, l) in code.lines().enumerate() {
+            if l.contains(needle) {
+                found.push(format!("{}:{}: {}", rel.display(), i + 1, l.trim()));
+            }
+        }
+    }
+    found
+}
+
+/// A step's work returns its status or the error that stopped it;
+/// `step::document` alone makes the step's document and turns an error
+/// into its outcome. The run's document (its steps summed up) and the
+/// catalog check's are the only others.
+#[test]
+fn step_documents_are_made_by_the_one_adapter() {
+    let by_hand = installer_lines_with(
+        "Document::new(",
+        &["step.rs", "run/mod.rs", "catalog/check.rs"],
+    );
+    assert!(
+        by_hand.is_empty(),
+        "documents made outside step::document:\n{}",
+        by_hand.join("\n")
+    );
+    let outcomes = installer_lines_with(
+        "Outcome::from(&",
+        &["step.rs", "error.rs", "run/mod.rs", "catalog/check.rs"],
+    );
+    assert!(
+        outcomes.is_empty(),
+        "errors turned into outcomes outside step::document:\n{}",
+        outcomes.join("\n")
     );
 }

@@ -9,16 +9,12 @@ use std::process::Command;
 use crate::support::http::{ConnectProxy, Reply, Request, Server, bytes, sha256_hex};
 use serde_json::Value;
 
-const PROXY_VARS: [&str; 8] = [
-    "ALL_PROXY",
-    "all_proxy",
-    "HTTPS_PROXY",
-    "https_proxy",
-    "HTTP_PROXY",
-    "http_proxy",
-    "NO_PROXY",
-    "no_proxy",
-];
+/// Every variable that could send the installer through a proxy.
+fn proxy_vars() -> impl Iterator<Item = &'static str> {
+    gpu_driver_installer::fetch::PROXY_VARS
+        .into_iter()
+        .chain(["NO_PROXY", "no_proxy"])
+}
 
 struct Run {
     code: i32,
@@ -33,7 +29,7 @@ impl Run {
 
 fn fetch(cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"));
-    for v in PROXY_VARS {
+    for v in proxy_vars() {
         c.env_remove(v);
     }
     c.envs(env.iter().copied());
@@ -402,14 +398,7 @@ fn a_stalled_read_times_out() {
         body: body.clone(),
         secs: 5,
     });
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url("/p.run");
-    let r = fetch_http(
-        dir.path(),
-        &url,
-        &sum,
-        &["--read-timeout", "1", "--retries", "0"],
-    );
+    let (_dir, r) = fetch_p_run(&server, &sum, &["--read-timeout", "1", "--retries", "0"]);
     assert_eq!(r.code, 12);
     assert_eq!(r.doc["status"]["reason"], "DownloadFailed");
     let msg = r.message().to_lowercase();
@@ -687,7 +676,7 @@ fn fetch_all_outputs(args: &[&str], env: &[(&str, &str)]) -> (Value, String, Str
     let tlog = dir.path().join("termination-log");
     fs::write(&tlog, "").unwrap();
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"));
-    for v in PROXY_VARS {
+    for v in proxy_vars() {
         c.env_remove(v);
     }
     let out = c

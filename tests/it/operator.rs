@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use crate::support::cluster::{Cluster, EXIT_CODE, JobPods, TERMINATION_MESSAGE};
 use crate::support::deploy::{install_crd, repo_file, yaml_files};
-use gpu_driver_installer::report::{Outcome, Reason};
+use gpu_driver_installer::report::Reason;
 use gpu_driver_installer::run::{BuiltArtifact, Installed, RunSpec, Steps};
+use gpu_driver_installer::step::Done;
+use gpu_driver_installer::{Error, Success};
 use gpu_driver_operator::controller::{self, Options};
 use gpu_driver_operator::keys;
 use gpu_driver_operator::leader;
@@ -32,15 +34,16 @@ fn run_result(reason: Reason, message: &str) -> String {
             kernel_release: Some("6.6.63-cloud-amd64".into()),
         });
     }
-    let doc = steps.finish(
-        RunSpec {
-            host_root: "/proc/1/root".into(),
-            artifact: None,
-            driver_version: None,
-            target: None,
-        },
-        Some(Outcome::new(reason, message)),
-    );
+    let spec = RunSpec {
+        host_root: "/proc/1/root".into(),
+        artifact: None,
+        driver_version: None,
+        target: None,
+    };
+    let doc = match reason.split() {
+        Ok(success) => steps.succeed(spec, Done::new(success, message)),
+        Err(failure) => steps.stop(spec, &Error::new(failure, message)),
+    };
     gpu_driver_installer::report::termination_message(
         gpu_driver_installer::report::Kind::RunResult,
         &doc,
@@ -952,14 +955,14 @@ fn build_result(sha: &str, kernel: &str) -> String {
         cache_key: format!("artifacts/v1.1/x86_64/{kernel}/580.95.05/open/cc-0123456789abcdef"),
         artifact_sha256: sha.into(),
     });
-    let doc = steps.finish(
+    let doc = steps.succeed(
         RunSpec {
             host_root: "/".into(),
             artifact: None,
             driver_version: None,
             target: None,
         },
-        Some(Outcome::new(Reason::Built, "stored")),
+        Done::new(Success::Built, "stored"),
     );
     gpu_driver_installer::report::termination_message(
         gpu_driver_installer::report::Kind::RunResult,

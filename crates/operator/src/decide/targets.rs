@@ -223,13 +223,11 @@ mod tests {
         assert_eq!(install_gate(&s, Some(&TargetPhase::Pending)), Gate::Wait);
         assert_eq!(install_gate(&s, Some(&TargetPhase::Building)), Gate::Wait);
         let sha = "ab".repeat(32);
+        let cached = TargetPhase::Cached {
+            sha256: sha.clone(),
+        };
         assert_eq!(
-            install_gate(
-                &s,
-                Some(&TargetPhase::Cached {
-                    sha256: sha.clone()
-                })
-            ),
+            install_gate(&s, Some(&cached)),
             Gate::Go {
                 expect_sha256: Some(sha.clone()),
                 compile: true
@@ -255,12 +253,7 @@ mod tests {
             Gate::Refuse { reason, .. } if reason == "BuildFailed"
         ));
         assert_eq!(
-            install_gate(
-                &s,
-                Some(&TargetPhase::Cached {
-                    sha256: sha.clone()
-                })
-            ),
+            install_gate(&s, Some(&cached)),
             Gate::Go {
                 expect_sha256: Some(sha),
                 compile: false

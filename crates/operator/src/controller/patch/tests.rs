@@ -135,7 +135,7 @@ fn annotation_fields_carry_the_keys_names() {
     };
     let mut names: Vec<String> = body(&all).as_object().unwrap().keys().cloned().collect();
     names.sort();
-    let mut want = [
+    let mut want = vec![
         keys::STATE,
         keys::KEY,
         keys::DRIVER_VERSION,
@@ -146,15 +146,8 @@ fn annotation_fields_carry_the_keys_names() {
         keys::INSTALLED_AT,
         keys::JOB,
         keys::GPU,
-        keys::FAILURES,
-        keys::FAILURE_KEY,
-        keys::FAILED_AT,
-        keys::FAILURE_REASON,
-        keys::FAILURE_MESSAGE,
-        keys::UPGRADE,
-        keys::UPGRADE_STARTED,
-        keys::UPGRADE_CORDONED,
     ];
+    want.extend(CLEARED_WHEN_READY);
     want.sort();
     assert_eq!(names, want);
     assert_eq!(body(&all)[keys::STATE], "Installed");
@@ -164,6 +157,18 @@ fn annotation_fields_carry_the_keys_names() {
     };
     assert_eq!(body(&labels), json!({ keys::READY_LABEL: null }));
 }
+
+/// The failure's and the upgrade's keys: a ready node has none.
+const CLEARED_WHEN_READY: [&str; 8] = [
+    keys::FAILURES,
+    keys::FAILURE_KEY,
+    keys::FAILED_AT,
+    keys::FAILURE_REASON,
+    keys::FAILURE_MESSAGE,
+    keys::UPGRADE,
+    keys::UPGRADE_STARTED,
+    keys::UPGRADE_CORDONED,
+];
 
 /// The ready patch as the apiserver receives it: every key, the failure's
 /// and the upgrade's as nulls, and the uncordon of a node we cordoned.
@@ -196,16 +201,7 @@ fn the_ready_patch_sets_the_install_and_nulls_the_failure_and_upgrade() {
     assert_eq!(a[keys::KERNEL], "6.6");
     assert_eq!(a[keys::BOOT_ID], "b1");
     assert_eq!(a[keys::INSTALLED_AT], now.to_string());
-    for k in [
-        keys::FAILURES,
-        keys::FAILURE_KEY,
-        keys::FAILED_AT,
-        keys::FAILURE_REASON,
-        keys::FAILURE_MESSAGE,
-        keys::UPGRADE,
-        keys::UPGRADE_STARTED,
-        keys::UPGRADE_CORDONED,
-    ] {
+    for k in CLEARED_WHEN_READY {
         assert_eq!(a.get(k), Some(&Value::Null), "{k}");
     }
     assert_eq!(patch["metadata"]["labels"][keys::READY_LABEL], "true");
