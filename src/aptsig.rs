@@ -127,6 +127,14 @@ struct TrustedKey {
     subkeys: Vec<SignedPublicSubKey>,
 }
 
+/// `--apt-keyring`: Debian's own keyrings are tens of KiB.
+const KEYRING_FILE: crate::files::Named = crate::files::Named {
+    what: "the apt keyring (--apt-keyring)",
+    max: 4 << 20,
+    reason: Failure::InvalidArgument,
+    hint: "--apt-keyring takes an OpenPGP keyring file such as /usr/share/keyrings/debian-archive-keyring.gpg",
+};
+
 impl Keyring {
     /// One of the shipped keyrings. They are compiled in, so a failure to
     /// parse them is a bug.
@@ -151,8 +159,7 @@ impl Keyring {
     /// or ASCII-armored (`.asc`), one key or several. Unreadable, malformed
     /// or without a usable key: `InvalidArgument`.
     pub fn from_file(path: &Path) -> Result<Keyring> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::io(Failure::InvalidArgument, "reading the apt keyring", path, e))?;
+        let bytes = KEYRING_FILE.read(path)?;
         let mut ring = Keyring::parse(&path.display().to_string(), &bytes)?;
         ring.name = format!("the keyring {}", path.display());
         Ok(ring)
@@ -654,5 +661,12 @@ mod tests {
         let e = Keyring::from_file(Path::new("/nonexistent/keyring.gpg")).unwrap_err();
         assert_eq!(e.reason, Reason::InvalidArgument);
         assert!(e.to_string().contains("/nonexistent/keyring.gpg"), "{e}");
+    }
+
+    /// `--apt-keyring /dev/zero` (or a FIFO, or a secret) neither hangs,
+    /// nor fills memory, nor shows up in a message.
+    #[test]
+    fn the_keyring_file_is_read_bounded() {
+        crate::files::hostile::assert_refused(KEYRING_FILE.max, Keyring::from_file);
     }
 }

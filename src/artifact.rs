@@ -285,14 +285,19 @@ impl Manifest {
     }
 }
 
+/// An artifact's `manifest.json`: a few KiB (a file list and digests).
+pub const MANIFEST: crate::files::Named = crate::files::Named {
+    what: "the artifact manifest",
+    max: 4 << 20,
+    reason: Failure::ArtifactInvalid,
+    hint: "a build artifact holds manifest.json, modules/*.ko and optional firmware/",
+};
+
 /// Reads `<dir>/manifest.json` of an unpacked artifact and checks every
 /// listed file against its sha256.
 pub fn check_dir(dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| {
-        Error::io(Failure::ArtifactInvalid, "reading", &path, e)
-            .with_hint("a build artifact holds manifest.json, modules/*.ko and optional firmware/")
-    })?;
+    let bytes = MANIFEST.read(&path)?;
     let manifest = Manifest::parse(&bytes, &path.display().to_string())?;
     for entry in manifest.entries() {
         let file = dir.join(entry.file);

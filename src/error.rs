@@ -73,6 +73,15 @@ impl Error {
     }
 
     /// Adds a hint on what to do about it (after any hint it has).
+    /// [`Error::with_hint`], unless the hint is empty.
+    pub fn with_hint_if(self, hint: &str) -> Self {
+        if hint.is_empty() {
+            self
+        } else {
+            self.with_hint(hint)
+        }
+    }
+
     pub fn with_hint(mut self, hint: impl AsRef<str>) -> Self {
         let hint = hint.as_ref();
         self.hint = Some(Hint(match self.hint.take() {

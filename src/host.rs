@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -20,68 +20,19 @@ pub use gpu_driver_contract::host::{
 /// `/proc` and `/sys` files are a few KiB.
 pub const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
 
-/// Reads a small host file: a regular file only (a FIFO would block and a
-/// device such as `/dev/zero` never end), at most [`MAX_HOST_FILE_BYTES`].
-/// `Ok(None)` when it does not exist; the open is non-blocking, so even a
-/// FIFO without a writer cannot hang it.
-pub fn read_host_file(path: &Path) -> Result<Option<Vec<u8>>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(Failure::HostReadFailed, "opening", path, e)),
-    };
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::io(Failure::HostReadFailed, "inspecting", path, e))?;
-    if !meta.file_type().is_file() {
-        return Err(Error::new(
-            Failure::HostReadFailed,
-            format!(
-                "{} is not a regular file ({}); refusing to read it",
-                path.display(),
-                describe_file_type(&meta.file_type())
-            ),
-        )
-        .with_hint("the host root's os-release, /proc and /sys files must be the real ones; check --host-root"));
-    }
-    let mut bytes = Vec::new();
-    (&file)
-        .take(MAX_HOST_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(Failure::HostReadFailed, "reading", path, e))?;
-    if bytes.len() as u64 > MAX_HOST_FILE_BYTES {
-        return Err(Error::new(
-            Failure::HostReadFailed,
-            format!(
-                "{} is larger than {} KiB, too large for the file it should be; refusing to read it",
-                path.display(),
-                MAX_HOST_FILE_BYTES >> 10
-            ),
-        ));
-    }
-    Ok(Some(bytes))
-}
+/// How host files are read: small, regular files only.
+const HOST_FILE: crate::files::Named = crate::files::Named {
+    what: "host file",
+    max: MAX_HOST_FILE_BYTES,
+    reason: Failure::HostReadFailed,
+    hint: "the host root's os-release, /proc and /sys files must be the real ones; check --host-root",
+};
 
-fn describe_file_type(t: &fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    }
+/// Reads a small host file ([`crate::files::Named::read_optional`]): a
+/// regular file only, at most [`MAX_HOST_FILE_BYTES`]; `Ok(None)` when it
+/// does not exist.
+pub fn read_host_file(path: &Path) -> Result<Option<Vec<u8>>> {
+    HOST_FILE.read_optional(path)
 }
 
 /// Reads a small host text file that may be absent ([`read_host_file`]).

@@ -199,8 +199,13 @@ pub fn collect(extracted: &Path, arch: CpuArch) -> Result<Option<(PathBuf, Vec<P
     let Some(manifest) = find_dot_manifest(extracted) else {
         return Ok(None);
     };
-    let text = fs::read_to_string(&manifest)
-        .map_err(|e| Error::io(Failure::ArchiveInvalid, "reading", &manifest, e))?;
+    let text = crate::files::Named {
+        what: "the package's .manifest",
+        max: 16 << 20,
+        reason: Failure::ArchiveInvalid,
+        hint: "the package is damaged; download it again",
+    }
+    .read_text(&manifest)?;
     let base = manifest
         .parent()
         .map(Path::to_path_buf)

@@ -151,8 +151,10 @@ fn current_root(root: &HostRoot) -> PathBuf {
 
 /// The current driver root's manifest version.
 fn installed_version(root: &HostRoot) -> Option<String> {
-    let text = std::fs::read_to_string(current_root(root).join("manifest.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let bytes = crate::artifact::MANIFEST
+        .read(&current_root(root).join("manifest.json"))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     v.get("driverVersion")?.as_str().map(str::to_string)
 }
 

@@ -109,7 +109,10 @@ pub(super) fn read_entry(
     expected_sha256: Option<&str>,
     status: &mut CacheStatus,
 ) -> Found {
-    let manifest = match store.get(&format!("{dir}/manifest.json")) {
+    let manifest = match store.get(
+        &format!("{dir}/manifest.json"),
+        crate::artifact::MANIFEST.max,
+    ) {
         Ok(Some((bytes, _))) => bytes,
         Ok(None) => return Found::Miss,
         Err(e) => return Found::Unavailable(unavailable(&e)),

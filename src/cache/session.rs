@@ -15,6 +15,9 @@ use super::{CacheOutcome, CacheStatus, LEASE_SETTLE};
 use crate::artifact::Manifest;
 use crate::error::{Error, Failure};
 
+/// A lease object is a few hundred bytes; a bigger one is not ours.
+const LEASE_MAX: u64 = 64 << 10;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Lease {
@@ -346,7 +349,7 @@ impl Session {
         std::thread::sleep(LEASE_SETTLE);
         let rel = format!("{dir}/lease.json");
         let now = store
-            .get(&rel)?
+            .get(&rel, LEASE_MAX)?
             .and_then(|(bytes, _)| serde_json::from_slice::<Lease>(&bytes).ok());
         match now {
             Some(l) if l.owner == self.id => Ok(LeaseState::Acquired(note)),
@@ -377,7 +380,7 @@ impl Session {
             Err(e) if is_conflict(&e) => {}
             Err(e) => return Err(e),
         }
-        let Some((bytes, etag)) = store.get(&rel)? else {
+        let Some((bytes, etag)) = store.get(&rel, LEASE_MAX)? else {
             // Released between our create and our read: try again at once.
             return match store.put(&rel, body, PutMode::Create) {
                 Ok(_) => Ok(LeaseState::Acquired("acquired".into())),
@@ -515,7 +518,7 @@ impl Session {
             return;
         };
         let rel = format!("{}/lease.json", key.path());
-        let ours = match store.get(&rel) {
+        let ours = match store.get(&rel, LEASE_MAX) {
             Ok(Some((bytes, _))) => serde_json::from_slice::<Lease>(&bytes)
                 .map(|l| l.owner == self.id)
                 .unwrap_or(false),

@@ -157,6 +157,9 @@ pub(crate) struct Store {
     store: Arc<dyn ObjectStore>,
     prefix: String,
     rt: tokio::runtime::Runtime,
+    /// A `file://` store's directory: its objects are checked to be
+    /// regular files before they are opened (a FIFO would block the open).
+    local: Option<PathBuf>,
     /// The URL as shown in results and logs.
     pub display: String,
 }
@@ -191,11 +194,16 @@ impl Store {
                     format!("starting the cache's runtime: {e}"),
                 )
             })?;
+        let local = match &location {
+            Location::File(dir) => Some(dir.clone()),
+            _ => None,
+        };
         let (store, prefix) = backend(cfg, location)?;
         Ok(Store {
             store,
             prefix,
             rt,
+            local,
             display: cfg.url.clone(),
         })
     }
@@ -208,20 +216,62 @@ impl Store {
         }
     }
 
-    /// The object's bytes and ETag; `None` when it does not exist.
-    pub(crate) fn get(&self, rel: &str) -> StoreResult<Option<(Vec<u8>, Option<String>)>> {
+    /// A small object's bytes and ETag; `None` when it does not exist. The
+    /// store is not trusted to be small: past `max` bytes (announced or
+    /// streamed) it is an error, and nothing more is read.
+    pub(crate) fn get(
+        &self,
+        rel: &str,
+        max: u64,
+    ) -> StoreResult<Option<(Vec<u8>, Option<String>)>> {
+        use futures::StreamExt;
+        self.check_local(rel)?;
         let path = self.path(rel);
+        let too_big = || object_store::Error::Generic {
+            store: "cache",
+            source: format!("{}/{rel} is over {} KiB; not read", self.display, max >> 10).into(),
+        };
         self.rt.block_on(async {
-            match self.store.get(&path).await {
-                Ok(r) => {
-                    let etag = r.meta.e_tag.clone();
-                    let bytes = r.bytes().await?;
-                    Ok(Some((bytes.to_vec(), etag)))
-                }
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(e),
+            let r = match self.store.get(&path).await {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if r.meta.size > max {
+                return Err(too_big());
             }
+            let etag = r.meta.e_tag.clone();
+            let mut bytes = Vec::new();
+            let mut stream = r.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                if (bytes.len() + chunk.len()) as u64 > max {
+                    return Err(too_big());
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(Some((bytes, etag)))
         })
+    }
+
+    /// In a `file://` store, an object that exists must be a regular file:
+    /// a FIFO would block object_store's open for good, a device never end.
+    fn check_local(&self, rel: &str) -> StoreResult<()> {
+        let Some(dir) = &self.local else {
+            return Ok(());
+        };
+        let file = dir.join(self.path(rel).as_ref());
+        match std::fs::metadata(&file) {
+            Ok(m) if !m.is_file() => Err(object_store::Error::Generic {
+                store: "cache",
+                source: format!(
+                    "{} is not a regular file; not read (the store holds something it should not)",
+                    file.display()
+                )
+                .into(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Streams the object into a new temporary file in `dir`, hashing it
@@ -236,6 +286,7 @@ impl Store {
     ) -> Result<Option<Downloaded>> {
         use futures::StreamExt;
         use std::io::Write;
+        self.check_local(rel).map_err(|e| unavailable(&e))?;
         let path = self.path(rel);
         let tmp = tempfile::Builder::new()
             .prefix(".cache-get-")

@@ -45,8 +45,13 @@ type Key = (String, Option<String>, (u32, u32));
 /// The suggestions for the matrix at `path`, as TOML for the catalog with
 /// `#` comments; nothing to suggest is not an error.
 pub fn matrix_exclusions(catalog: &Catalog, path: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::io(Failure::InvalidArgument, "reading", path, e))?;
+    let text = crate::files::Named {
+        what: "the build matrix",
+        max: 64 << 20,
+        reason: Failure::InvalidArgument,
+        hint: "pass the JSON that scripts/build-matrix writes",
+    }
+    .read_text(path)?;
     let matrix: Matrix = serde_json::from_str(&text).map_err(|e| {
         Error::new(
             Failure::InvalidArgument,

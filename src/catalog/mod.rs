@@ -250,14 +250,21 @@ pub fn version_matches(host: &str, pattern: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('.'))
 }
 
+/// `--catalog`: the embedded one is tens of KiB.
+const CATALOG_FILE: crate::files::Named = crate::files::Named {
+    what: "the catalog (--catalog)",
+    max: 4 << 20,
+    reason: Failure::CatalogInvalid,
+    hint: "fix the file or omit --catalog to use the embedded one",
+};
+
 impl Catalog {
     pub fn embedded() -> Result<Self> {
         Self::parse(EMBEDDED, "the embedded catalog")
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(Failure::CatalogInvalid, "reading catalog", path, e))?;
+        let text = CATALOG_FILE.read_text(path)?;
         Self::parse(&text, &path.display().to_string())
     }
 
@@ -266,7 +273,21 @@ impl Catalog {
             Error::new(Failure::CatalogInvalid, format!("catalog {origin}: {msg}"))
                 .with_hint("fix the file or omit --catalog to use the embedded one")
         };
-        let mut cat: Catalog = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        // The parser's message and line, not its Display: that quotes the
+        // offending line of a file that may not be a catalog at all.
+        let mut cat: Catalog = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| {
+                    let before = &text.as_bytes()[..s.start.min(text.len())];
+                    format!(
+                        "line {}: ",
+                        1 + before.iter().filter(|&&b| b == b'\n').count()
+                    )
+                })
+                .unwrap_or_default();
+            invalid(format!("{line}{}", e.message()))
+        })?;
         cat.origin = origin.to_string();
         cat.validate().map_err(|e| invalid(e.to_string()))?;
         Ok(cat)
@@ -431,6 +452,13 @@ mod tests {
     use super::*;
     use crate::error::Reason;
 
+    /// `--catalog /dev/zero` (or a FIFO, or a secret) neither hangs, nor
+    /// fills memory, nor shows up in a message.
+    #[test]
+    fn the_catalog_file_is_read_bounded() {
+        crate::files::hostile::assert_refused(CATALOG_FILE.max, Catalog::load);
+    }
+
     #[test]
     fn embedded_catalog_is_valid() {
         let c = Catalog::embedded().unwrap();
@@ -547,11 +575,13 @@ mod tests {
             "version = \"580.95.05\"",
             "version = \"580.95.05\"\nsha256 = { x86_64 = \"abc\" }\ndigestSource = \"x\"",
         );
+        // The key and line are named by the line's number, never quoted:
+        // a file given as --catalog may not be a catalog at all.
+        let e = Catalog::parse(&bad_sum, "t").unwrap_err();
         assert!(
-            Catalog::parse(&bad_sum, "t")
-                .unwrap_err()
-                .message
-                .contains("sha256")
+            e.message.contains("line ") && e.message.contains("duplicate key"),
+            "{}",
+            e.message
         );
     }
 }

@@ -1,9 +1,15 @@
 //! The HTTP client every download uses, and how its errors read.
 
-use std::fs;
-
 use super::FetchPolicy;
 use crate::error::{Error, Failure, Result};
+
+/// `--ca-bundle`: a system's whole bundle is a few hundred KiB.
+const CA_BUNDLE: crate::files::Named = crate::files::Named {
+    what: "the CA bundle (--ca-bundle)",
+    max: 4 << 20,
+    reason: Failure::InvalidArgument,
+    hint: "--ca-bundle takes a PEM file of CA certificates",
+};
 
 /// Redirects followed per request.
 const MAX_REDIRECTS: usize = 5;
@@ -20,8 +26,7 @@ const MAX_REDIRECTS: usize = 5;
 pub fn agent(policy: &FetchPolicy) -> Result<reqwest::blocking::Client> {
     let mut roots = crate::tls::web_roots();
     if let Some(path) = &policy.ca_bundle {
-        let pem = fs::read(path)
-            .map_err(|e| Error::io(Failure::InvalidArgument, "reading CA bundle", path, e))?;
+        let pem = CA_BUNDLE.read(path)?;
         let certs = crate::tls::pem_certificates(&pem).map_err(|e| {
             Error::new(
                 Failure::InvalidArgument,
@@ -199,6 +204,24 @@ pub fn retryable_status(code: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--ca-bundle /dev/zero` (or a FIFO, or a secret) neither hangs, nor
+    /// fills memory, nor shows up in a message.
+    #[test]
+    fn the_ca_bundle_is_read_bounded() {
+        crate::files::hostile::assert_refused(CA_BUNDLE.max, |p| {
+            let policy = FetchPolicy {
+                cache_dir: std::env::temp_dir(),
+                offline: false,
+                allow_http: false,
+                retry: super::super::RetryPolicy::default(),
+                timeouts: super::super::Timeouts::default(),
+                ca_bundle: Some(p.to_path_buf()),
+                progress_bar: false,
+            };
+            agent(&policy).map(|_| ())
+        });
+    }
 
     #[test]
     fn retryable_statuses() {

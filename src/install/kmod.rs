@@ -27,32 +27,71 @@ pub(super) const NVIDIA_STACK: &[&str] = &[
     "nvidia_peermem",
 ];
 
+/// The `--module-params` file: small text, read bounded. It is named by a
+/// flag of a privileged Job, so its content is never quoted in a message.
+pub(super) const MODULE_PARAMS: crate::files::Named = crate::files::Named {
+    what: "the module parameters file (--module-params)",
+    max: 64 << 10,
+    reason: Failure::InvalidArgument,
+    hint: "--module-params takes a small text file of `module key=value ...` lines",
+};
+
+/// A malformed line of the `--module-params` file: its number only, never
+/// its text (the file may be one that was never meant to be read, such as
+/// `/proc/self/environ`).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct BadLine {
+    pub line: usize,
+    pub what: &'static str,
+}
+
+impl BadLine {
+    /// The error naming `path` and the line.
+    pub(super) fn in_file(&self, path: &std::path::Path) -> Error {
+        Error::new(
+            Failure::InvalidArgument,
+            format!(
+                "{} {}: line {} {}",
+                MODULE_PARAMS.what,
+                path.display(),
+                self.line,
+                self.what
+            ),
+        )
+        .with_hint(MODULE_PARAMS.hint)
+    }
+}
+
 /// `--module-params`: `module key=value [key=value …]` lines; `#` starts a
 /// comment. Module names are normalized (`nvidia-drm` → `nvidia_drm`); lines
 /// for the same module add up.
-pub(super) fn parse_module_params(text: &str) -> Result<BTreeMap<String, String>> {
+pub(super) fn parse_module_params(
+    text: &str,
+) -> std::result::Result<BTreeMap<String, String>, BadLine> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (n, raw) in text.lines().enumerate() {
+        let bad = |what| BadLine { line: n + 1, what };
         let line = raw.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
         }
         let mut words = line.split_whitespace();
         let module = words.next().unwrap_or_default().replace('-', "_");
+        if !module
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(bad("does not start with a module name"));
+        }
         let params: Vec<String> = words.map(str::to_string).collect();
         if params.is_empty() {
-            return Err(Error::new(
-                Failure::InvalidArgument,
-                format!("module parameters line {}: {raw:?} has no key=value", n + 1),
-            ));
+            return Err(bad("has no key=value"));
         }
-        for p in &params {
-            if !p.contains('=') || p.starts_with('=') {
-                return Err(Error::new(
-                    Failure::InvalidArgument,
-                    format!("module parameters line {}: {p:?} is not key=value", n + 1),
-                ));
-            }
+        if params
+            .iter()
+            .any(|p| !p.contains('=') || p.starts_with('='))
+        {
+            return Err(bad("holds a word that is not key=value"));
         }
         out.entry(module).or_default().extend(params);
     }
@@ -411,8 +450,27 @@ mod tests {
         );
         assert_eq!(p["nvidia_drm"], "modeset=1");
         let e = parse_module_params("nvidia\n").unwrap_err();
-        assert!(e.to_string().contains("line 1"), "{e}");
+        assert_eq!(e.line, 1);
         assert!(parse_module_params("nvidia =1\n").is_err());
+    }
+
+    /// A file that was never meant as module parameters (a process's
+    /// environment, a secret) is named by its path and line, never quoted.
+    #[test]
+    fn a_bad_module_params_file_is_never_quoted() {
+        for text in [
+            "AWS_SECRET_ACCESS_KEY=hunter2-secret\n",
+            "# ok\nnvidia NVreg_X=1\nhunter2-secret\n",
+            "nvidia hunter2-secret\n",
+            "hunter2-secret=1\0PATH=/bin\0",
+        ] {
+            let bad = parse_module_params(text).unwrap_err();
+            let e = bad.in_file(std::path::Path::new("/proc/self/environ"));
+            let shown = format!("{e} {:?}", e.hint);
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("/proc/self/environ"), "{shown}");
+            assert!(shown.contains(&format!("line {}", bad.line)), "{shown}");
+        }
     }
 
     #[test]

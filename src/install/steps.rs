@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
-use std::fs::{self, File};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::documents::{InstallStatus, ModuleAction, ModuleState, user_space_status};
@@ -93,10 +93,8 @@ fn prepare<'a>(opts: &'a InstallOptions<'a>, st: &mut InstallStatus) -> Result<R
     };
     st.kernel_release = Some(release.clone());
     let given = match &opts.module_params {
-        Some(p) => kmod::parse_module_params(
-            &fs::read_to_string(p)
-                .map_err(|e| Error::io(Failure::InvalidArgument, "reading", p, e))?,
-        )?,
+        Some(p) => kmod::parse_module_params(&kmod::MODULE_PARAMS.read_text(p)?)
+            .map_err(|e| e.in_file(p))?,
         None => BTreeMap::new(),
     };
     let params = kmod::merge_params(&opts.planned_params, given);

@@ -727,6 +727,47 @@ fn file_store_miss_hit_corrupt_and_stale_lease() {
     assert_eq!(fx.compiles(), 3);
 }
 
+/// The store is not trusted to be small or sane: a 3 GiB `manifest.json`
+/// (sparse, so the test costs no disk) is refused by its size, never read
+/// whole; a FIFO in its place is refused, not waited on. Either way the
+/// build goes on without the cache.
+#[test]
+fn file_store_a_huge_or_fifo_manifest_is_refused_unread() {
+    let fx = Fixture::new(0);
+    let store = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/cache", store.path().display());
+    let a = finish(fx.build("a", &url, &[]).output().unwrap());
+    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
+    let manifest = find(store.path(), "manifest.json");
+    let deadline = std::time::Duration::from_secs(300);
+
+    fs::remove_file(&manifest).unwrap();
+    fs::File::create(&manifest)
+        .unwrap()
+        .set_len(3 << 30)
+        .unwrap();
+    let b = finish(run_support::output_within(
+        fx.build("b", &url, &[]),
+        deadline,
+    ));
+    assert_eq!(b.reason(), "Built", "{}\n{}", b.doc, b.stderr);
+    assert_eq!(b.outcome(), "Unavailable", "{}", b.doc);
+    let warnings = b.cache()["warnings"].to_string();
+    assert!(warnings.contains("is over 4096 KiB; not read"), "{}", b.doc);
+
+    fs::remove_file(&manifest).unwrap();
+    nix::unistd::mkfifo(&manifest, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let c = finish(run_support::output_within(
+        fx.build("c", &url, &[]),
+        deadline,
+    ));
+    assert_eq!(c.reason(), "Built", "{}\n{}", c.doc, c.stderr);
+    assert_eq!(c.outcome(), "Unavailable", "{}", c.doc);
+    let warnings = c.cache()["warnings"].to_string();
+    assert!(warnings.contains("is not a regular file"), "{}", c.doc);
+    assert_eq!(fx.compiles(), 3);
+}
+
 #[test]
 fn file_store_two_builders_racing_build_it_once() {
     let fx = Fixture::new(3);

@@ -1060,3 +1060,51 @@ fn matrix_exclusions_suggest_what_the_catalog_lacks() {
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/matrix.json"));
 }
+
+/// `--module-params` names a file in a privileged container: `/dev/zero`
+/// is not read until memory runs out, a FIFO does not hang the Job, and a
+/// file that is not module parameters (`/proc/self/environ`, a secret) is
+/// refused by its path and line, its content never in the result or on
+/// stderr.
+#[test]
+fn the_module_params_file_is_read_bounded_and_never_quoted() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let secret = dir.path().join("environ");
+    fs::write(
+        &secret,
+        "nvidia NVreg_X=1\nAWS_SECRET_ACCESS_KEY=hunter2-never-shown\0HOME=/root\0",
+    )
+    .unwrap();
+    let artifact = dir.path().join("no-artifact.tar.zst");
+    for (file, want) in [
+        (
+            Path::new("/dev/zero"),
+            "is not a regular file (a character device)",
+        ),
+        (fifo.as_path(), "is not a regular file (a FIFO)"),
+        (secret.as_path(), "line 2 does not start with a module name"),
+    ] {
+        let mut c = bin();
+        c.arg("--host-root")
+            .arg(fixture("gardenlinux-1592-t4"))
+            .arg("install")
+            .arg("--artifact")
+            .arg(&artifact)
+            .arg("--module-params")
+            .arg(file);
+        let out = crate::support::run::output_within(c, std::time::Duration::from_secs(120));
+        let r = crate::support::run::finish(out);
+        assert_eq!(r.doc["status"]["reason"], "InvalidArgument", "{}", r.doc);
+        let msg = r.doc["status"]["message"].as_str().unwrap();
+        assert!(msg.contains(want), "{msg}");
+        assert!(msg.contains(&file.display().to_string()), "{msg}");
+        assert!(
+            !r.doc.to_string().contains("hunter2") && !r.stderr.contains("hunter2"),
+            "{}\n{}",
+            r.doc,
+            r.stderr
+        );
+    }
+}
