@@ -201,6 +201,8 @@ fn disallowed() -> Vec<(&'static str, Value, Vec<String>)> {
         "--cache-dir",
         "--artifact",
         "--host-root",
+        // Names a file the privileged container reads (/proc/self/environ).
+        "--module-params",
     ] {
         let arg = format!("{flag}=x");
         cases.push((
@@ -301,7 +303,9 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
     // The owner widens the lists; a prefix still ends at a "/".
     let own = format!("registry.example.com/gpu-driver/builder-debian{}", digest());
     let own_gd = gpudriver("own-registry", &own, &installer(), &[]);
-    let cache = json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "gpu-driver-cache"});
+    // A read Secret for install Jobs, a write Secret for build Jobs.
+    let cache = json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "gpu-driver-cache",
+        "writeSecretName": "gpu-driver-cache-writer"});
     let cached = with_cache(gpudriver("cached", &builder(), &installer(), &[]), cache);
     assert_refused(&c, "own registry, not yet allowed", &own_gd, &[]);
     assert_refused(&c, "own cache, not yet allowed", &cached, &[]);
@@ -311,7 +315,8 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
         "['ghcr.io/gardenlinux/', 'registry.example.com/gpu-driver']",
     );
     set_owner_list(&c, 1, "['s3://gpu-driver-cache/cluster-a']");
-    set_owner_list(&c, 2, "['gpu-driver-cache']");
+    set_owner_list(&c, 2, "['gpu-driver-cache', 'shared']");
+    set_owner_list(&c, 4, "['gpu-driver-cache-writer', 'shared']");
     eventually("the edited lists are enforced", || {
         admit(&c, &own_gd)?;
         admit(&c, &cached).map(|_| ())
@@ -344,7 +349,26 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
             "cache write secret not allowed",
             json!({"url": a, "secretName": "gpu-driver-cache",
                 "writeSecretName": "operator-token"}),
-            "cache.writeSecretName operator-token is not an allowed Secret",
+            "cache.writeSecretName operator-token is not an allowed write Secret",
+        ),
+        (
+            "reader-as-writer",
+            "a read Secret as the write Secret",
+            json!({"url": a, "secretName": "gpu-driver-cache",
+                "writeSecretName": "gpu-driver-cache"}),
+            "cache.writeSecretName gpu-driver-cache is not an allowed write Secret",
+        ),
+        (
+            "writer-as-reader",
+            "the write Secret given to install Jobs",
+            json!({"url": a, "secretName": "gpu-driver-cache-writer"}),
+            "cache.secretName gpu-driver-cache-writer is not an allowed Secret",
+        ),
+        (
+            "shared-secret",
+            "one Secret in both lists, for both",
+            json!({"url": a, "secretName": "shared", "writeSecretName": "shared"}),
+            "cache.secretName shared is a write Secret",
         ),
         (
             "http-cache",

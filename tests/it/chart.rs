@@ -149,6 +149,7 @@ const ALL_ON: &[&str] = &[
     "exporter.priorityClassName=system-node-critical",
     "admissionPolicy.allowedCacheUrls={s3://gpu-driver-cache/cluster-a}",
     "admissionPolicy.allowedCacheSecrets={gpu-driver-cache}",
+    "admissionPolicy.allowedCacheWriteSecrets={gpu-driver-cache-writer}",
 ];
 
 fn documents(yaml: &str) -> Vec<Value> {
@@ -318,6 +319,7 @@ fn chart_lints_and_renders_with_defaults_and_every_option() {
             vec!["s3://gpu-driver-cache/cluster-a".to_string()],
             vec!["gpu-driver-cache".to_string()],
             vec!["false".to_string()],
+            vec!["gpu-driver-cache-writer".to_string()],
         ]
     );
 
@@ -362,11 +364,11 @@ fn chart_lints_and_renders_with_defaults_and_every_option() {
     }
 }
 
-/// The four owner's lists of the policy (`spec.variables[0..4]`) as values:
+/// The five owner's lists of the policy (`spec.variables[0..5]`) as values:
 /// a CEL list of quoted strings, or a CEL boolean.
 fn owners_lists(policy: &Value) -> Vec<Vec<String>> {
     let vars = policy["spec"]["variables"].as_sequence().unwrap();
-    vars[..4]
+    vars[..5]
         .iter()
         .map(|v| {
             let e = v["expression"].as_str().unwrap().trim();

@@ -249,12 +249,13 @@ fn admission_policy_is_bound_and_fails_closed(
         .map(|v| v.name)
         .collect();
     assert_eq!(
-        variables[..4],
+        variables[..5],
         [
             "allowedRegistries",
             "allowedCacheUrls",
             "allowedCacheSecrets",
-            "allowHttpCache"
+            "allowHttpCache",
+            "allowedCacheWriteSecrets"
         ]
     );
     for v in spec.validations.unwrap() {
@@ -406,7 +407,6 @@ fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
         "--peermem",
         "--drm",
         "--force",
-        "--module-params",
         "--offline",
         "--retries",
         "--backoff-ms",
@@ -443,6 +443,7 @@ fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
         "--catalog",
         "--cache-url",
         "--artifact-sha256",
+        "--module-params",
     ] {
         assert!(denied.contains(f), "the policy must refuse {f}: {denied:?}");
     }
