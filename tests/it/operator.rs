@@ -201,8 +201,8 @@ async fn client(kubeconfig: &std::path::Path) -> kube::Client {
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .unwrap();
-    gpu_driver_installer::tls::init();
-    kube::Client::try_from(cfg).unwrap()
+    // The operator's own client: no retries hidden under its deadlines.
+    gpu_driver_operator::client(cfg).unwrap()
 }
 
 fn install_base(c: &Cluster) {
@@ -1247,6 +1247,77 @@ fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
     assert_eq!(by_kernel(kernel_b)["phase"], "Cached");
     assert_eq!(by_kernel("6.6.80-cloud-amd64")["reason"], "BuildFailed");
     assert_eq!(by_kernel("6.6.70-cloud-amd64")["nodes"], 1);
+    drop(op);
+}
+
+/// A PodDisruptionBudget refuses every eviction for longer than the drain
+/// timeout: each refusal (429, at once) comes back to the drain loop, and
+/// the node's upgrade fails with DrainTimeout at the timeout, within a few
+/// seconds. kube's default client retried each 429 for minutes, so one
+/// eviction call blocked the node's reconcile far past the timeout.
+#[test]
+fn a_pdb_that_refuses_every_eviction_fails_the_drain_at_its_timeout() {
+    let Some(c) = manual_cluster() else { return };
+    let timeout_s: i64 = 15;
+    let mut gd = gpudriver_value("pdb");
+    gd["spec"]["driver"] = json!({"version": "550.163.01", "flavor": "open"});
+    gd["spec"]["upgradePolicy"] = json!({"maxUnavailable": 1, "drainTimeoutSeconds": timeout_s});
+    c.apply(&gd.to_string());
+    c.apply(&node("pdb-1", "pdb", true, true));
+    let op = Running::start(&c);
+    let installed = run_result(Reason::Verified, "driver verified");
+    until_nodes(&c, &["pdb-1"], Some(&installed), |_, (label, _)| {
+        label.as_deref() == Some("true")
+    });
+    c.kubectl(&["create", "namespace", "work"]);
+    c.apply(&gpu_pod("held", "pdb-1"));
+    c.apply(
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "held", "namespace": "work"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}}})
+        .to_string(),
+    );
+    c.wait_for(
+        &["pdb", "held", "-n", "work"],
+        "{.status.currentHealthy}",
+        "1",
+        WAIT,
+    );
+    c.kubectl(&[
+        "patch",
+        "gpudriver",
+        "pdb",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"driver":{"version":"580.95.05"}}}"#,
+    ]);
+    // Far above the timeout: the old client needed 4-5 minutes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(timeout_s as u64 + 90);
+    let annotations = loop {
+        let a = get_json(&c, &["node", "pdb-1"])["metadata"]["annotations"].clone();
+        if a[keys::FAILURE_REASON] == "DrainTimeout" {
+            break a;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no DrainTimeout within {timeout_s}s + 90s: {a}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let at = |k: &str| {
+        let v = annotations[k]
+            .as_str()
+            .unwrap_or_else(|| panic!("{k}: {annotations}"));
+        v.parse::<k8s_openapi::jiff::Timestamp>()
+            .unwrap_or_else(|e| panic!("{k} {v}: {e}"))
+    };
+    let took = at(keys::FAILED_AT).duration_since(at(keys::UPGRADE_STARTED));
+    assert!(
+        (timeout_s..=timeout_s + 10).contains(&took.as_secs()),
+        "the drain failed after {took:?}, not at its {timeout_s}s timeout: {annotations}"
+    );
+    let pod = c.kubectl_output(&["get", "pod", "held", "-n", "work"], None);
+    assert!(pod.status.success(), "the pod was evicted despite its PDB");
     drop(op);
 }
 

@@ -204,12 +204,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 }
 
 async fn run(args: RunArgs) -> Result<(), Error> {
-    let client = {
-        crate::init_tls();
-        kube::Client::try_default()
-    }
-    .await
-    .map_err(Error::Connect)?;
+    let client = crate::connect().await.map_err(Error::Connect)?;
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await

@@ -70,6 +70,26 @@ pub fn init_tls() {
     }
 }
 
+/// The operator's API client: kube's defaults, except that it does not
+/// retry 429, 503 and 504 by itself. kube's default policy (15 tries, backoff
+/// up to 1000 s) turned one eviction that a PodDisruptionBudget refuses
+/// (429, at once) into minutes of blocking, past `drainTimeoutSeconds`.
+/// Every reconcile requeues on its own, so a refusal or a busy apiserver
+/// comes back to it at once.
+pub async fn connect() -> Result<kube::Client, kube::Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    client(config)
+}
+
+/// [`connect`]'s client for a given configuration.
+pub fn client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+    init_tls();
+    config.default_retry = false;
+    kube::Client::try_from(config)
+}
+
 /// Node labels and annotations the operator reads and writes.
 pub mod keys {
     /// Node Feature Discovery: a PCI device of vendor 0x10de (NVIDIA).

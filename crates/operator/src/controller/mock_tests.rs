@@ -367,3 +367,49 @@ async fn a_build_target_gets_one_build_job() {
     assert_eq!(records[0].phase, crate::crd::BuildPhase::Building);
     assert_eq!(fx.ctx.metrics.total("gpu_driver_jobs_created_total"), 1);
 }
+
+/// kube's Recorder folds a repeated Event (same node, reason and action)
+/// into the first one's series, keeping the first note. A repeat with the
+/// same note still folds (a PATCH of the series); a new note (a second
+/// upgrade's versions) is a new Event (a POST) that says what happened.
+#[tokio::test]
+async fn an_event_with_a_new_note_is_a_new_event_not_the_first_ones_series() {
+    let (fx, mut server) = Fixture::new();
+    let node = gpu_node(false);
+    let seen = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let (request, send) = server.0.next_request().await.expect("no request sent");
+            let method = request.method().clone();
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let mut answer = body.clone();
+            if method == Method::POST {
+                answer["metadata"]["name"] = json!("gpu-1.1");
+            }
+            seen.push((method, body["note"].as_str().map(str::to_string)));
+            let bytes = serde_json::to_vec(&answer).unwrap();
+            send.send_response(Response::builder().body(Body::from(bytes)).unwrap());
+        }
+        seen
+    });
+    let started = |note: &str| {
+        fx.ctx.event(
+            &node,
+            kube::runtime::events::EventType::Normal,
+            "UpgradeStarted",
+            note.to_string(),
+        )
+    };
+    started("driver 550.163.01 -> 580.95.05").await;
+    started("driver 550.163.01 -> 580.95.05").await;
+    started("driver 580.95.05 -> 590.44.01").await;
+    let seen = tokio::time::timeout(Duration::from_secs(10), seen)
+        .await
+        .expect("three requests")
+        .unwrap();
+    assert_eq!(seen[0].0, Method::POST);
+    assert_eq!(seen[1].0, Method::PATCH, "an identical repeat folds");
+    assert_eq!(seen[2].0, Method::POST, "{seen:?}");
+    assert_eq!(seen[2].1.as_deref(), Some("driver 580.95.05 -> 590.44.01"));
+}

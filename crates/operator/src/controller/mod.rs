@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -64,6 +64,54 @@ pub struct Options {
 /// change wakes them (it serves no node of its own).
 type Waiters = Arc<Mutex<HashMap<String, HashSet<String>>>>;
 
+/// An Event's object (kind/namespace/name), reason and action.
+type EventKey = (String, String, String);
+
+/// kube's Recorder folds an Event into an earlier one with the same
+/// object, reason and action, keeping the first one's note: a second
+/// upgrade's `UpgradeStarted` would show the first upgrade's versions. So
+/// each (object, reason, action) keeps a recorder for as long as its note
+/// stays the same; a new note gets a new recorder, and so a new Event.
+/// Bounded by nodes x reasons.
+struct Events {
+    client: Client,
+    reporter: Reporter,
+    by_key: Mutex<HashMap<EventKey, (Option<String>, Recorder)>>,
+}
+
+impl Events {
+    fn new(client: Client, reporter: Reporter) -> Events {
+        Events {
+            client,
+            reporter,
+            by_key: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The recorder whose folding is true for `ev`'s note.
+    fn recorder_for(&self, regarding: &ObjectReference, ev: &Event) -> Recorder {
+        let key = (
+            format!(
+                "{}/{}/{}",
+                regarding.kind.as_deref().unwrap_or_default(),
+                regarding.namespace.as_deref().unwrap_or_default(),
+                regarding.name.as_deref().unwrap_or_default()
+            ),
+            ev.reason.clone(),
+            ev.action.clone(),
+        );
+        let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(&key) {
+            Some((note, r)) if *note == ev.note => r.clone(),
+            _ => {
+                let r = Recorder::new(self.client.clone(), self.reporter.clone());
+                map.insert(key, (ev.note.clone(), r.clone()));
+                r
+            }
+        }
+    }
+}
+
 pub(crate) struct Context {
     client: Client,
     opts: Options,
@@ -71,7 +119,7 @@ pub(crate) struct Context {
     jobs: Store<Job>,
     pods: Store<Pod>,
     drivers: Store<GpuDriver>,
-    recorder: Recorder,
+    events: Events,
     pub metrics: Arc<Metrics>,
     expect: Mutex<Expectations>,
     wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<Node>>,
@@ -141,7 +189,7 @@ impl Context {
         caches: Caches,
         wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<Node>>,
     ) -> Context {
-        let recorder = Recorder::new(
+        let events = Events::new(
             client.clone(),
             Reporter {
                 controller: "gpu-driver-operator".into(),
@@ -155,7 +203,7 @@ impl Context {
             jobs: caches.jobs,
             pods: caches.pods,
             drivers: caches.drivers,
-            recorder,
+            events,
             metrics,
             expect: Mutex::new(Expectations::default()),
             wake,
@@ -246,7 +294,9 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+        let reference = obj.object_ref(&());
+        let recorder = self.events.recorder_for(&reference, &ev);
+        if let Err(e) = recorder.publish(&ev, &reference).await {
             let name = obj.meta().name.clone().unwrap_or_default();
             tracing::warn!("event {reason} for {} {name}: {e}", K::kind(&()));
         }

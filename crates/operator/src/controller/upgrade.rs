@@ -309,6 +309,10 @@ fn started_note(gd: &GpuDriver, f: &NodeFacts, cordon: bool, pods: usize) -> Str
     )
 }
 
+/// One eviction call's deadline: the drain loop comes back every 2 s and
+/// its timeout must hold, whatever the apiserver or the client does.
+const EVICT_DEADLINE: Duration = Duration::from_secs(10);
+
 /// Evicts each pod through the Eviction API, so that PodDisruptionBudgets
 /// decide; a refusal (429) is left for the next look.
 async fn evict(ctx: &Context, node: &str, pods: &[Pod]) {
@@ -319,7 +323,17 @@ async fn evict(ctx: &Context, node: &str, pods: &[Pod]) {
         let ns = p.namespace().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
         ctx.metrics.write("create", "pods/eviction");
-        match api.evict(&p.name_any(), &EvictParams::default()).await {
+        let (name, params) = (p.name_any(), EvictParams::default());
+        let call = api.evict(&name, &params);
+        let Ok(answer) = tokio::time::timeout(EVICT_DEADLINE, call).await else {
+            tracing::warn!(
+                "node {node}: evicting {ns}/{}: no answer within {}s; trying again later",
+                p.name_any(),
+                EVICT_DEADLINE.as_secs()
+            );
+            continue;
+        };
+        match answer {
             Ok(_) => tracing::info!("node {node}: evicted {ns}/{}", p.name_any()),
             Err(kube::Error::Api(e)) if e.code == 429 => {
                 tracing::info!(
