@@ -32,6 +32,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Failure, Result};
 use crate::host::HostRoot;
 
+/// cuInit and a context per device take seconds, tens on a large HGX;
+/// past this the helper is hung and is killed with its result missing.
+const CUDA_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// The helper program, built from `src/cuda-check.c` by `build.rs`.
 pub const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gpu-driver-cuda-check"));
 
@@ -456,7 +460,8 @@ pub fn run_helper(root: &HostRoot, libcuda: &Path) -> Result<(PathBuf, HelperRep
         libcuda,
     )?;
     let prefixed = |e: Error| e.context("CUDA");
-    let out = crate::process::output(&mut cmd, Failure::CudaCheckFailed).map_err(prefixed)?;
+    let out = crate::process::output_within(&mut cmd, Failure::CudaCheckFailed, CUDA_DEADLINE)
+        .map_err(prefixed)?;
     drop(helper);
     let stdout = String::from_utf8_lossy(&out.stdout);
     match parse_report(&stdout) {

@@ -6,9 +6,12 @@
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Failure, Result};
 
@@ -73,19 +76,167 @@ pub fn stderr_tail(stderr: &[u8]) -> String {
     tail[start..].to_string()
 }
 
+/// The longest any tool may run unless its caller says otherwise: far
+/// above what modprobe, ldconfig, strip or systemctl need, so that only a
+/// hung one meets it.
+pub const TOOL_DEADLINE: Duration = Duration::from_secs(600);
+
+/// The most a tool may print on either stream: nvidia-smi's longest report
+/// is a few hundred KiB. Past it the tool is killed, not buffered.
+pub const MAX_TOOL_OUTPUT: usize = 16 << 20;
+
 /// Runs `cmd` to completion (stdin closed) and returns what it printed,
-/// whatever its exit status. Failing to start it is `reason`, naming the
-/// command line.
+/// whatever its exit status, within [`TOOL_DEADLINE`] ([`output_within`]).
 pub fn output(cmd: &mut Command, reason: Failure) -> Result<Output> {
-    cmd.stdin(Stdio::null()).output().map_err(|e| {
-        Error::new(reason, format!("running {}: {e}", command_line(cmd))).with_source(e)
+    output_within(cmd, reason, TOOL_DEADLINE)
+}
+
+/// Runs `cmd` in a process group of its own, stdin closed, and returns
+/// what it printed, whatever its exit status. Failing to start it, running
+/// past `deadline`, or printing more than [`MAX_TOOL_OUTPUT`] on a stream
+/// is `reason`, naming the command line; in the last two cases the whole
+/// group (the tool and whatever it started) is killed first.
+pub fn output_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> Result<Output> {
+    use std::os::unix::process::CommandExt;
+    let started = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| {
+            Error::new(reason, format!("running {}: {e}", command_line(cmd))).with_source(e)
+        })?;
+    let overflow = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    for (which, pipe) in [
+        (
+            0,
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        ),
+        (
+            1,
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        ),
+    ] {
+        let (tx, overflow) = (tx.clone(), overflow.clone());
+        std::thread::spawn(move || {
+            let bytes = pipe.map(|p| read_capped(p, &overflow)).unwrap_or_default();
+            let _ = tx.send((which, bytes));
+        });
+    }
+    drop(tx);
+    let stop = |child: &mut std::process::Child, why: String| {
+        kill_group(child);
+        Error::new(reason, format!("{} {why}; killed", command_line(cmd)))
+    };
+    let status = loop {
+        if overflow.load(Ordering::Relaxed) {
+            return Err(stop(
+                &mut child,
+                format!("printed more than {} MiB", MAX_TOOL_OUTPUT >> 20),
+            ));
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => return Err(stop(&mut child, format!("could not be waited for: {e}"))),
+        }
+        if started.elapsed() >= deadline {
+            return Err(stop(
+                &mut child,
+                format!("did not finish within {} s", deadline.as_secs()),
+            ));
+        }
+        std::thread::sleep(POLL);
+    };
+    // Both streams end when the tool and everything it started have
+    // closed them; something it left running must not hold us past the
+    // deadline either.
+    let mut streams = [Vec::new(), Vec::new()];
+    for _ in 0..2 {
+        let left = deadline.saturating_sub(started.elapsed()).max(POLL);
+        match rx.recv_timeout(left) {
+            Ok((which, bytes)) => streams[which] = bytes,
+            Err(_) => {
+                return Err(stop(
+                    &mut child,
+                    format!(
+                        "left a process holding its output past {} s",
+                        deadline.as_secs()
+                    ),
+                ));
+            }
+        }
+    }
+    if overflow.load(Ordering::Relaxed) {
+        return Err(stop(
+            &mut child,
+            format!("printed more than {} MiB", MAX_TOOL_OUTPUT >> 20),
+        ));
+    }
+    let [stdout, stderr] = streams;
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
     })
+}
+
+/// How often a running tool is looked at.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Reads a stream to its end, keeping at most [`MAX_TOOL_OUTPUT`] bytes;
+/// past that it sets `overflow` and stops reading.
+fn read_capped(mut r: impl Read, overflow: &AtomicBool) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if kept.len() + n > MAX_TOOL_OUTPUT {
+                    overflow.store(true, Ordering::Relaxed);
+                    break;
+                }
+                kept.extend_from_slice(&buf[..n]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    kept
+}
+
+/// SIGKILL to the tool's process group (it leads one of its own), then
+/// reaps the tool.
+fn kill_group(child: &mut std::process::Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Like [`output`], and an unsuccessful exit is `reason` too, quoting the
 /// command line, the status and the tail of stderr.
 pub fn run(cmd: &mut Command, reason: Failure) -> Result<Output> {
-    let out = output(cmd, reason)?;
+    run_within(cmd, reason, TOOL_DEADLINE)
+}
+
+/// [`run`] with an explicit deadline ([`output_within`]).
+pub fn run_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> Result<Output> {
+    let out = output_within(cmd, reason, deadline)?;
     if out.status.success() {
         Ok(out)
     } else {
@@ -114,13 +265,17 @@ pub fn exit_error(cmd: &Command, out: &Output, reason: Failure) -> Error {
 /// interleaved (one pipe for both, as a terminal would show them) into
 /// `log` and to tracing at debug level. Failing to start it is
 /// `spawn_reason`; its exit status is returned for the caller to judge
-/// (a compile's failure is read from the log).
+/// (a compile's failure is read from the log). Past `deadline` its process
+/// group (make and every compiler it started) is killed: `spawn_reason`,
+/// saying so.
 pub fn run_logged(
     program: &str,
     args: &[OsString],
     log: &Path,
     spawn_reason: Failure,
+    deadline: Duration,
 ) -> Result<ExitStatus> {
+    use std::os::unix::process::CommandExt;
     const LOCAL_IO: Failure = Failure::Internal;
     let mut file = File::create(log).map_err(|e| Error::io(LOCAL_IO, "creating", log, e))?;
     let mut cmd = command(program);
@@ -138,11 +293,29 @@ pub fn run_logged(
     let mut child = cmd
         .stdout(Stdio::from(writer))
         .stderr(Stdio::from(writer2))
+        .process_group(0)
         .spawn()
         .map_err(|e| Error::new(spawn_reason, format!("running {program}: {e}")).with_source(e))?;
     // The Command held the only copies of the write end; with it dropped,
     // the reader sees EOF when the child (and its children) exit.
     drop(cmd);
+    // The watchdog: kills the group at the deadline unless told the
+    // output ended first; killing it ends the output.
+    let (done, wait_done) = mpsc::channel::<()>();
+    let pid = i32::try_from(child.id()).unwrap_or(0);
+    let watchdog = std::thread::spawn(move || {
+        let timed_out = matches!(
+            wait_done.recv_timeout(deadline),
+            Err(mpsc::RecvTimeoutError::Timeout)
+        );
+        if timed_out && pid > 0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        timed_out
+    });
     let mut lines = BufReader::new(File::from(reader));
     let mut line = Vec::new();
     let mut write_err = None;
@@ -165,9 +338,21 @@ pub fn run_logged(
             }
         }
     }
+    let _ = done.send(());
+    let timed_out = watchdog.join().unwrap_or(false);
     let status = child
         .wait()
         .map_err(|e| Error::new(LOCAL_IO, format!("waiting for {program}: {e}")))?;
+    if timed_out {
+        return Err(Error::new(
+            spawn_reason,
+            format!(
+                "{program} did not finish within {} s; killed (its output is in {})",
+                deadline.as_secs(),
+                log.display()
+            ),
+        ));
+    }
     if let Some(e) = write_err {
         return Err(Error::io(LOCAL_IO, "writing", log, e));
     }
@@ -229,10 +414,86 @@ mod tests {
             .iter()
             .map(OsString::from)
             .collect();
-        let status = run_logged("sh", &args, &log, Failure::CompilerMissing).unwrap();
+        let status =
+            run_logged("sh", &args, &log, Failure::CompilerMissing, TOOL_DEADLINE).unwrap();
         assert_eq!(status.code(), Some(2));
         let text = std::fs::read_to_string(&log).unwrap();
         assert_eq!(text, "$ sh -c echo a; echo b >&2; exit 2\na\nb\n");
+    }
+
+    /// A tool that hangs (a cuInit that never returns, an nvidia-smi stuck
+    /// in the kernel) is killed at its deadline, with whatever it started,
+    /// and the failure says so under the caller's reason.
+    #[test]
+    fn a_hung_tool_and_its_children_are_killed_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#"sleep 300 & echo $! > "$1"; wait"#)
+            .arg("sh")
+            .arg(&pidfile);
+        let e = output_within(&mut cmd, Failure::VerifyFailed, Duration::from_secs(1)).unwrap_err();
+        assert_eq!(e.reason, Reason::VerifyFailed);
+        assert!(
+            e.to_string().contains("did not finish within 1 s; killed"),
+            "{e}"
+        );
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The grandchild got the SIGKILL too: gone (reaped by init) or a
+        // zombie, once the signal is delivered.
+        let gone = || {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            state.is_empty() || state.split(' ').nth(2) == Some("Z")
+        };
+        let until = Instant::now() + Duration::from_secs(30);
+        while !gone() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(gone(), "sleep {pid} still runs");
+    }
+
+    /// A tool that prints without end is killed past the cap, not buffered
+    /// until memory runs out.
+    #[test]
+    fn a_tool_that_prints_without_end_is_killed_at_the_cap() {
+        let mut cmd = Command::new("cat");
+        cmd.arg("/dev/zero");
+        let e = output(&mut cmd, Failure::Internal).unwrap_err();
+        assert!(
+            e.to_string().contains("printed more than 16 MiB; killed"),
+            "{e}"
+        );
+    }
+
+    /// A compile that hangs is killed at its deadline, with everything it
+    /// started, and what it printed stays in the log.
+    #[test]
+    fn a_logged_run_past_its_deadline_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let args: Vec<OsString> = ["-c", "echo started; sleep 300 & wait"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let e = run_logged(
+            "sh",
+            &args,
+            &log,
+            Failure::BuildFailed,
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, Reason::BuildFailed);
+        assert!(
+            e.to_string().contains("did not finish within 1 s; killed"),
+            "{e}"
+        );
+        assert!(std::fs::read_to_string(&log).unwrap().contains("started"));
     }
 
     #[test]

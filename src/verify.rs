@@ -16,6 +16,10 @@ use crate::install::DRIVERS_DIR;
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 use crate::step::{self, Done, StepStatus};
 
+/// nvidia-smi answers in seconds; one stuck in the kernel (a GPU fallen off
+/// the bus) would hang the Job with no result.
+const SMI_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// The query verify runs; its CSV columns are what [`parse_smi_csv`] reads.
 pub const SMI_ARGS: &[&str] = &[
     "--query-gpu=name,uuid,driver_version,memory.total",
@@ -278,7 +282,7 @@ fn smi_check(smi: &Path, st: &mut VerifyStatus, count: usize) -> Result<String> 
     if !libs.is_empty() {
         cmd.env("LD_LIBRARY_PATH", libs.join(":"));
     }
-    let out = crate::process::run(&mut cmd, Failure::VerifyFailed)?;
+    let out = crate::process::run_within(&mut cmd, Failure::VerifyFailed, SMI_DEADLINE)?;
     st.gpus = parse_smi_csv(&String::from_utf8_lossy(&out.stdout))?;
     check(&st.gpus, st.expected_driver_version.as_deref(), count)
 }

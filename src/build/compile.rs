@@ -14,6 +14,10 @@ use crate::error::{Error, Failure, Result};
 use crate::headers::KernelHeaders;
 use crate::host::ModuleFlavor;
 
+/// A compile of NVIDIA's modules takes 2-10 minutes on 2 cores; one past
+/// this is hung (a conftest waiting on something that never comes).
+const COMPILE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2 * 3600);
+
 /// Lines of the compile log quoted in `status.logExcerpt`: enough for the
 /// first error with its context, small enough for a result document.
 pub const EXCERPT_LINES: usize = 40;
@@ -62,7 +66,13 @@ pub(super) fn compile(
         &pre.cc,
         &pre.target,
     );
-    let exit = crate::process::run_logged("make", &args, &log, Failure::CompilerMissing)?;
+    let exit = crate::process::run_logged(
+        "make",
+        &args,
+        &log,
+        Failure::CompilerMissing,
+        COMPILE_DEADLINE,
+    )?;
     status.timings.compile_seconds = Some(seconds(t.elapsed()));
     if exit.success() {
         return Ok(());
