@@ -306,7 +306,8 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
     // A read Secret for install Jobs, a write Secret for build Jobs.
     let cache = json!({"url": "s3://gpu-driver-cache/cluster-a", "secretName": "gpu-driver-cache",
         "writeSecretName": "gpu-driver-cache-writer"});
-    let cached = with_cache(gpudriver("cached", &builder(), &installer(), &[]), cache);
+    let mut cached = with_cache(gpudriver("cached", &builder(), &installer(), &[]), cache);
+    cached["spec"]["build"] = json!({"nodeSelector": {"pool": "build"}});
     assert_refused(&c, "own registry, not yet allowed", &own_gd, &[]);
     assert_refused(&c, "own cache, not yet allowed", &cached, &[]);
     set_owner_list(
@@ -369,6 +370,13 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
             "one Secret in both lists, for both",
             json!({"url": a, "secretName": "shared", "writeSecretName": "shared"}),
             "cache.secretName shared is a write Secret",
+        ),
+        (
+            "unplaced-builds",
+            "a write Secret without build.nodeSelector",
+            json!({"url": a, "secretName": "gpu-driver-cache",
+                "writeSecretName": "gpu-driver-cache-writer"}),
+            "cache.writeSecretName gpu-driver-cache-writer needs build.nodeSelector",
         ),
         (
             "http-cache",

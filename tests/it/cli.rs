@@ -422,7 +422,9 @@ fn a_broken_catalog_is_a_clear_failure() {
     assert_eq!(r.code, 4);
     assert!(
         r.message()
-            .starts_with("reading catalog /nonexistent/catalog.toml")
+            .starts_with("the catalog (--catalog) /nonexistent/catalog.toml does not exist"),
+        "{}",
+        r.message()
     );
 }
 

@@ -41,6 +41,7 @@ pub struct GpuDriverSpec {
     /// Linux version, Debian version or kernel release; the most specific
     /// matching entry wins. `{gardenLinuxVersion}`, `{debianVersion}`,
     /// `{kernelRelease}` and `{arch}` in `image` are replaced.
+    #[schemars(length(max = 64))]
     pub builder_images: Vec<BuilderImage>,
     /// The image holding the static installer at `/gpu-driver-installer`;
     /// an init container copies it into each builder image's pod.
@@ -51,11 +52,14 @@ pub struct GpuDriverSpec {
     /// At most this many install Jobs run at once (0: no limit).
     #[serde(default = "default_max_parallel")]
     pub max_parallel: u32,
-    /// Added to every Job pod (the nodes' own taints must be tolerated).
+    /// Added to every install and detect Job pod (the nodes' own taints
+    /// must be tolerated); build Jobs take `build.tolerations`.
     #[serde(default)]
+    #[schemars(length(max = 64))]
     pub tolerations: Vec<Toleration>,
     /// Pull secrets for the builder and installer images.
     #[serde(default)]
+    #[schemars(length(max = 16))]
     pub image_pull_secrets: Vec<LocalObjectReference>,
     /// A taint key kept on GPU nodes while no verified driver is loaded
     /// for their current boot, so that new pods land only where the driver
@@ -70,6 +74,7 @@ pub struct GpuDriverSpec {
     pub job: JobSettings,
     /// Extra arguments for `gpu-driver-installer run` (e.g. `--peermem`).
     #[serde(default)]
+    #[schemars(length(max = 64))]
     pub extra_args: Vec<String>,
     /// Build Jobs: where they run and whether a node may still compile
     /// for itself.
@@ -78,6 +83,7 @@ pub struct GpuDriverSpec {
     /// Targets to build before any node runs them (a worker pool's next
     /// Garden Linux version): (OS version, kernel release, arch).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub prebuild: Vec<PrebuildTarget>,
     /// How a new driver version or flavor reaches nodes that already run
     /// one: a few nodes at a time, drained of GPU pods first.
@@ -207,9 +213,31 @@ pub struct BuildPolicy {
     #[serde(default = "yes")]
     pub compile_on_node: bool,
     /// Labels a node must carry to run build Jobs (besides
-    /// `kubernetes.io/arch`, which always matches the target's).
+    /// `kubernetes.io/arch`, which always matches the target's). A build
+    /// Job holds the cache's write Secret, and a node's kubelet can read
+    /// its pods' Secrets: name the nodes you trust with it (the admission
+    /// policy requires this when `cache.writeSecretName` is set).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of build Jobs: their own, not `spec.tolerations` (which
+    /// let install Jobs onto GPU nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub tolerations: Vec<Toleration>,
+    /// At most this many build Jobs run at once in the operator's
+    /// namespace, whichever GpuDriver started them (0: no limit): each
+    /// distinct kernel and every prebuild target is a compile of minutes.
+    #[serde(default = "default_build_parallel")]
+    pub max_parallel: u32,
+    /// May build Jobs run on GPU nodes (NVIDIA PCI label, or selected by
+    /// this GpuDriver)? `false`: never on the nodes they serve, so that one
+    /// compromised GPU node cannot plant what every other one loads.
+    #[serde(default)]
+    pub allow_gpu_nodes: bool,
+}
+
+fn default_build_parallel() -> u32 {
+    2
 }
 
 impl Default for BuildPolicy {
@@ -217,6 +245,9 @@ impl Default for BuildPolicy {
         BuildPolicy {
             compile_on_node: true,
             node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            max_parallel: default_build_parallel(),
+            allow_gpu_nodes: false,
         }
     }
 }

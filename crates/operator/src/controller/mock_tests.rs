@@ -368,6 +368,55 @@ async fn a_build_target_gets_one_build_job() {
     assert_eq!(fx.ctx.metrics.total("gpu_driver_jobs_created_total"), 1);
 }
 
+/// Three prebuild targets under `build.maxParallel: 2`: two build Jobs
+/// start, the third target waits (Pending, no create) until one ends.
+#[tokio::test]
+async fn build_jobs_wait_for_a_slot_under_max_parallel() {
+    let (mut fx, server) = Fixture::new();
+    let gd = gpu_driver(json!({
+        "cache": {"url": "s3://bucket/gpu", "writeSecretName": "writer"},
+        "build": {"maxParallel": 2, "nodeSelector": {"pool": "build"}},
+        "prebuild": [
+            {"gardenLinuxVersion": "1877.3", "kernelRelease": "6.12.44-cloud-amd64"},
+            {"gardenLinuxVersion": "1877.3", "kernelRelease": "6.12.45-cloud-amd64"},
+            {"gardenLinuxVersion": "1877.3", "kernelRelease": "6.12.46-cloud-amd64"},
+        ],
+    }));
+    Fixture::with(&mut fx.drivers, gd.clone());
+    let create = || {
+        step(
+            Method::POST,
+            &format!("/apis/batch/v1/namespaces/{NS}/jobs"),
+            |b| assert_eq!(b["metadata"]["labels"][keys::ROLE_LABEL], "build"),
+        )
+    };
+    // Exactly two creates: a third request would never be answered.
+    let scenario = server.run(vec![create(), create()]);
+    let gd = Arc::new(gd);
+    within(targets::reconcile_targets(gd.clone(), fx.ctx.clone()))
+        .await
+        .unwrap();
+    within(scenario).await.unwrap();
+    let records = targets::target_records(&fx.ctx, &gd, &[]);
+    let phases: Vec<_> = records.iter().map(|r| r.phase).collect();
+    use crate::crd::BuildPhase::{Building, Pending};
+    assert_eq!(
+        phases.iter().filter(|p| **p == Building).count(),
+        2,
+        "{records:?}"
+    );
+    let waiting: Vec<_> = records.iter().filter(|r| r.phase == Pending).collect();
+    assert_eq!(waiting.len(), 1, "{records:?}");
+    assert!(
+        waiting[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("build.maxParallel (2)")),
+        "{records:?}"
+    );
+    assert_eq!(fx.ctx.metrics.total("gpu_driver_jobs_created_total"), 2);
+}
+
 /// kube's Recorder folds a repeated Event (same node, reason and action)
 /// into the first one's series, keeping the first note. A repeat with the
 /// same note still folds (a PATCH of the series); a new note (a second

@@ -33,7 +33,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::crd::{GpuDriver, TargetStatus};
-use crate::decide::{self, NodeFacts};
+use crate::decide::{self, JobRole, NodeFacts};
 use crate::keys;
 use crate::metrics::Metrics;
 use expect::{Expectations, Kind};
@@ -259,6 +259,33 @@ impl Context {
             .map(|j| j.name_any())
             .collect();
         names.extend(expect.recently_created().map(String::from));
+        names.len()
+    }
+
+    /// Build Jobs still running in the operator's namespace, whichever
+    /// GpuDriver started them (from the cache, plus those just created):
+    /// `build.maxParallel` is a cap on the whole cluster's compiles.
+    fn active_builds(&self) -> usize {
+        let expect = self.expect();
+        let build = JobRole::Build.as_str();
+        let mut names: HashSet<String> = self
+            .jobs
+            .state()
+            .iter()
+            .filter(|j| {
+                j.labels().get(keys::ROLE_LABEL).map(String::as_str) == Some(build)
+                    && !job_is_terminal(j)
+                    && !expect.holds(Kind::JobHandled, &j.name_any())
+            })
+            .map(|j| j.name_any())
+            .collect();
+        let prefix = format!("gpu-{build}-");
+        names.extend(
+            expect
+                .recently_created()
+                .filter(|n| n.starts_with(&prefix))
+                .map(String::from),
+        );
         names.len()
     }
 

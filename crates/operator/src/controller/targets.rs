@@ -131,6 +131,17 @@ async fn start_build(
     mut rec: TargetStatus,
 ) -> Result<TargetPhase, Error> {
     if !ctx.expect().holds(Kind::JobCreated, name) {
+        let cap = gd.spec.build.max_parallel as usize;
+        if cap > 0 && ctx.active_builds() >= cap {
+            // Waits for a slot: the status interval looks again.
+            let message = format!("waiting: build.maxParallel ({cap}) build Jobs are running");
+            if rec.phase != BuildPhase::Pending || rec.message.as_ref() != Some(&message) {
+                rec.phase = BuildPhase::Pending;
+                rec.message = Some(message);
+                ctx.save_target(gd, rec);
+            }
+            return Ok(TargetPhase::Pending);
+        }
         let Some(image) = decide::builder_image(&gd.spec.builder_images, &target.facts()) else {
             let message = format!(
                 "no builder image matches OS {:?}, kernel {}",

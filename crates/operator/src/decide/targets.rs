@@ -97,9 +97,7 @@ pub(crate) fn build_job_name(t: &Target, key: &str, attempt: u32) -> String {
 /// Where a target's artifact stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum TargetPhase {
-    /// No build Job yet. The controller creates it at once (and answers
-    /// Building), so only the gate's tests see this one.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// No build Job yet: waiting for a slot under `build.maxParallel`.
     Pending,
     Building,
     /// In the store, with the sha256 the build Job reported.

@@ -161,12 +161,14 @@ pub(crate) fn installer_args(gd: &GpuDriver, req: &JobRequest<'_>) -> Vec<String
         JobRole::Install => {
             args.push("run".into());
             driver(&mut args);
-            cache(&mut args);
-            if spec.cache.is_some() {
+            // The cache only with the build Job's digest: an install Job
+            // never takes whatever entry the store holds for its key (a
+            // failed build, or no build target, means compiling on the
+            // node without the cache).
+            if let Some(sha) = req.expect_sha256.filter(|_| spec.cache.is_some()) {
+                cache(&mut args);
                 args.push("--cache-read-only".into());
-                if let Some(sha) = req.expect_sha256 {
-                    args.extend(["--artifact-sha256".into(), sha.to_string()]);
-                }
+                args.extend(["--artifact-sha256".into(), sha.to_string()]);
                 if !req.compile {
                     args.push("--no-compile".into());
                 }
@@ -356,16 +358,23 @@ pub(crate) fn example(
             let mut req =
                 JobRequest::node_job(JobRole::Install, &job, namespace, node, &image, &key);
             req.compile = gd.spec.build.compile_on_node;
+            // What the operator passes once the target's build Job stored
+            // the artifact: its digest.
+            req.expect_sha256 = Some(EXAMPLE_DIGEST);
             Ok(build(gd, &req))
         }
         other => Err(NoJob::Install(other)),
     }
 }
 
+/// The digest in an example install Job: the build Job's, in a real one.
+const EXAMPLE_DIGEST: &str = "SHA256-OF-THE-BUILD-JOBS-ARTIFACT";
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::crd::{CacheSpec, GpuDriverSpec};
+    use k8s_openapi::api::core::v1::Toleration;
 
     /// The Secrets a container takes its environment from.
     fn secret_names(c: &k8s_openapi::api::core::v1::Container) -> Vec<&str> {
@@ -400,17 +409,17 @@ mod tests {
             write_secret_name: Some("cache-writer".into()),
             allow_http: true,
         });
-        let job = build(
-            &g,
-            &JobRequest::node_job(
-                JobRole::Install,
-                "gpu-install-n1-abc",
-                "gpu-driver",
-                "n1",
-                "builder:1",
-                "k",
-            ),
+        let sha = "ab".repeat(32);
+        let mut req = JobRequest::node_job(
+            JobRole::Install,
+            "gpu-install-n1-abc",
+            "gpu-driver",
+            "n1",
+            "builder:1",
+            "k",
         );
+        req.expect_sha256 = Some(&sha);
+        let job = build(&g, &req);
         let spec = job.spec.as_ref().unwrap();
         let pod = spec.template.spec.as_ref().unwrap();
         assert_eq!(pod.node_name.as_deref(), Some("n1"));
@@ -430,10 +439,19 @@ mod tests {
         );
         let args = main.args.as_ref().unwrap().join(" ");
         assert!(
-            args.contains("--host-root /proc/1/root --log-level info run --flavor open --driver-version 580.95.05 --cache-url s3://bucket/gpu --allow-http"),
+            args.contains(&format!("--host-root /proc/1/root --log-level info run --flavor open --driver-version 580.95.05 --cache-url s3://bucket/gpu --allow-http --cache-read-only --artifact-sha256 {sha}")),
             "{args}"
         );
         assert!(main.env_from.is_some());
+        // Without the build Job's digest (its build failed, or the node's
+        // OS has no build target) the install Job never looks into the
+        // cache: no URL, no credentials; it compiles on the node.
+        req.expect_sha256 = None;
+        let unpinned = build(&g, &req);
+        let main = &unpinned.spec.unwrap().template.spec.unwrap().containers[0];
+        let args = main.args.as_ref().unwrap().join(" ");
+        assert!(!args.contains("--cache"), "{args}");
+        assert!(main.env_from.is_none(), "{:?}", main.env_from);
         // Only the emptyDir: no hostPath.
         assert!(
             pod.volumes
@@ -582,7 +600,9 @@ mod tests {
         assert_eq!(secrets, ["cache-reader"]);
         let args = main.args.as_ref().unwrap().join(" ");
         assert!(
-            args.ends_with("--cache-url s3://bucket/gpu --cache-read-only --no-compile --peermem"),
+            args.ends_with(&format!(
+                "--cache-url s3://bucket/gpu --cache-read-only --artifact-sha256 {EXAMPLE_DIGEST} --no-compile --peermem"
+            )),
             "{args}"
         );
         // An OS without a build recipe has no build Job.
@@ -590,5 +610,75 @@ mod tests {
             example(&g, "n1", "Ubuntu 24.04", "6.8.0", "ns", TemplateKind::Build),
             Err(NoJob::Build { .. })
         ));
+    }
+
+    /// A build Job holds the write Secret: it never lands on a GPU node it
+    /// serves (NVIDIA's PCI label, or this GpuDriver's selector) unless the
+    /// owner allows it, and takes its own tolerations, not the install
+    /// Jobs' (which let pods onto GPU nodes).
+    #[test]
+    fn build_jobs_stay_off_the_gpu_nodes_they_serve() {
+        let mut g = gd_with_two_secrets();
+        g.spec.node_selector = [("pool".to_string(), "gpu".to_string())].into();
+        g.spec.tolerations = vec![Toleration {
+            key: Some("nvidia.com/gpu".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }];
+        g.spec.build.node_selector = [("pool".to_string(), "build".to_string())].into();
+        let pod = |g: &GpuDriver| {
+            example(
+                g,
+                "n1",
+                "Garden Linux 1877.3",
+                "6.12.44-cloud-amd64",
+                "ns",
+                TemplateKind::Build,
+            )
+            .unwrap()
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+        };
+        let p = pod(&g);
+        assert_eq!(p.tolerations, None, "the install Jobs' tolerations");
+        let terms = p
+            .affinity
+            .unwrap()
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        let exprs: Vec<String> = terms[0]
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|e| format!("{} {} {:?}", e.key, e.operator, e.values))
+            .collect();
+        assert_eq!(
+            exprs,
+            [
+                format!("{} NotIn Some([\"true\"])", crate::keys::NFD_NVIDIA_LABEL),
+                "pool NotIn Some([\"gpu\"])".to_string()
+            ]
+        );
+        assert_eq!(terms.len(), 1);
+        let sel = p.node_selector.unwrap();
+        assert_eq!(sel["pool"], "build");
+        assert_eq!(sel["kubernetes.io/arch"], "amd64");
+
+        // The owner's say: build tolerations of its own, GPU nodes allowed.
+        g.spec.build.allow_gpu_nodes = true;
+        g.spec.build.tolerations = vec![Toleration {
+            key: Some("build".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }];
+        let p = pod(&g);
+        assert!(p.affinity.is_none());
+        assert_eq!(p.tolerations.unwrap()[0].key.as_deref(), Some("build"));
     }
 }

@@ -2,7 +2,8 @@
 //! and the unprivileged, scheduled build pod.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvFromSource, PodSecurityContext, PodSpec,
+    Affinity, Capabilities, Container, EmptyDirVolumeSource, EnvFromSource, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSecurityContext, PodSpec,
     SeccompProfile, SecretEnvSource, SecurityContext, Toleration, Volume, VolumeMount,
 };
 
@@ -96,7 +97,8 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
         restart_policy: Some("Never".into()),
         service_account_name: Some(SERVICE_ACCOUNT.into()),
         automount_service_account_token: Some(false),
-        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        tolerations: (!spec.build.tolerations.is_empty()).then(|| spec.build.tolerations.clone()),
+        affinity: (!spec.build.allow_gpu_nodes).then(|| off_gpu_nodes(gd)),
         image_pull_secrets: (!spec.image_pull_secrets.is_empty())
             .then(|| spec.image_pull_secrets.clone()),
         security_context: Some(PodSecurityContext {
@@ -113,6 +115,45 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
         init_containers: Some(vec![copy_container(gd)]),
         containers: vec![main],
         volumes: Some(vec![empty(VOLUME), empty(BUILD_SCRATCH), empty(BUILD_TMP)]),
+        ..Default::default()
+    }
+}
+
+/// Keeps a build pod off the GPU nodes it serves: no node with NVIDIA's
+/// PCI label (Node Feature Discovery), and none that this GpuDriver's
+/// nodeSelector picks. A build Job holds the write Secret; a kubelet can
+/// read its pods' Secrets, so a node that loads the artifacts must not be
+/// one that can write them. Terms are ORed, so "not all of the selector's
+/// labels" is one term per label, each also off NVIDIA nodes.
+fn off_gpu_nodes(gd: &GpuDriver) -> Affinity {
+    let not = |key: &str, value: &str| NodeSelectorRequirement {
+        key: key.into(),
+        operator: "NotIn".into(),
+        values: Some(vec![value.into()]),
+    };
+    let no_nvidia = not(crate::keys::NFD_NVIDIA_LABEL, "true");
+    let mut terms: Vec<NodeSelectorTerm> = gd
+        .spec
+        .node_selector
+        .iter()
+        .map(|(k, v)| NodeSelectorTerm {
+            match_expressions: Some(vec![no_nvidia.clone(), not(k, v)]),
+            ..Default::default()
+        })
+        .collect();
+    if terms.is_empty() {
+        terms.push(NodeSelectorTerm {
+            match_expressions: Some(vec![no_nvidia]),
+            ..Default::default()
+        });
+    }
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: terms,
+            }),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -190,7 +231,7 @@ fn installer_container(gd: &GpuDriver, req: &JobRequest<'_>) -> Container {
         image: Some(req.image.to_string()),
         command: Some(vec![INSTALLER_PATH.into()]),
         args: Some(installer_args(gd, req)),
-        env_from: cache_credentials(gd, req.role),
+        env_from: cache_credentials(gd, req),
         volume_mounts: Some(vec![VolumeMount {
             name: VOLUME.into(),
             mount_path: INSTALLER_DIR.into(),
@@ -212,15 +253,15 @@ fn installer_container(gd: &GpuDriver, req: &JobRequest<'_>) -> Container {
 }
 
 /// The cache's read-only credentials Secret as environment, for install
-/// Jobs only (detect never touches the cache; build Jobs get the write
-/// Secret instead).
-fn cache_credentials(gd: &GpuDriver, role: JobRole) -> Option<Vec<EnvFromSource>> {
+/// Jobs that use the cache (pinned to a build Job's digest) only: detect
+/// never touches the cache, build Jobs get the write Secret instead.
+fn cache_credentials(gd: &GpuDriver, req: &JobRequest<'_>) -> Option<Vec<EnvFromSource>> {
     secret_env(
         gd.spec
             .cache
             .as_ref()
             .and_then(|c| c.secret_name.clone())
-            .filter(|_| role == JobRole::Install),
+            .filter(|_| req.role == JobRole::Install && req.expect_sha256.is_some()),
     )
 }
 
