@@ -214,6 +214,105 @@ fn nvml_appears_later_and_its_real_error_is_reported() {
     e.wait_log("NVML_ERROR_DRIVER_NOT_LOADED");
 }
 
+/// Compiles `tests/fixtures/libnvml-stub.c` (a stand-in for NVIDIA's
+/// library; see its header) into `dir/libnvidia-ml.so.1`.
+fn stub_nvml(dir: &Path, defines: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let out = dir.join("libnvidia-ml.so.1");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/libnvml-stub.c");
+    let st = Command::new("gcc")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Werror",
+            "-Wl,-soname,libnvidia-ml.so.1",
+        ])
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling {}", src.display());
+    out
+}
+
+/// The exporter on a stand-in NVML that misbehaves in `env`'s way.
+fn on_stub(dir: &Path, defines: &[&str], env: &[(&str, &str)]) -> Exporter {
+    let lib = stub_nvml(&dir.join("nvml"), defines);
+    let host = dir.join("host");
+    std::fs::create_dir_all(&host).unwrap();
+    let socket = dir.join("no-kubelet.sock");
+    Exporter::start(
+        &[
+            "--host-root",
+            host.to_str().unwrap(),
+            "--nvml",
+            lib.to_str().unwrap(),
+            "--kubelet-socket",
+            socket.to_str().unwrap(),
+        ],
+        env,
+    )
+}
+
+/// A misbehaving NVML never takes `/healthz` or the process down: an init
+/// that hangs (the exporter used to await it before serving anything),
+/// scrapes that come while it hangs (they share the one collection under
+/// way and report NVML down after 5 s, instead of queueing blocking calls),
+/// a device count of 2^32-1 (capped, not allocated), and a library without
+/// `nvmlShutdown` (nvml-wrapper's drop panicked on it).
+#[test]
+fn a_misbehaving_nvml_never_takes_healthz_or_the_process_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut hung = on_stub(
+        &dir.path().join("hung"),
+        &[],
+        &[("NVML_STUB_INIT_SLEEP", "600")],
+    );
+    assert_eq!(hung.get("/healthz"), (200, "ok\n".to_string()));
+    let scrapes: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = hung.addr;
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                write!(s, "GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+                let mut resp = String::new();
+                s.read_to_string(&mut resp).unwrap();
+                resp
+            })
+        })
+        .collect();
+    for t in scrapes {
+        let resp = t.join().unwrap();
+        let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        let err = nvml_error(&parse_ok(body).0);
+        assert!(err.contains("NVML did not answer within 5 s"), "{err}");
+    }
+    assert_eq!(hung.get("/healthz"), (200, "ok\n".to_string()));
+    hung.assert_alive();
+
+    let mut many = on_stub(
+        &dir.path().join("many"),
+        &[],
+        &[("NVML_STUB_COUNT", "4294967295")],
+    );
+    let samples = many.metrics();
+    let up = one(&samples, "gpu_driver_exporter_nvml_up", &[]);
+    assert_eq!(up.value, 1.0, "{up:?}\n{}", many.log());
+    many.wait_log("NVML reports 4294967295 devices; reading the first 64");
+    many.assert_alive();
+
+    let mut no_shutdown = on_stub(&dir.path().join("no-shutdown"), &["STUB_NO_SHUTDOWN"], &[]);
+    for _ in 0..3 {
+        let err = nvml_error(&no_shutdown.metrics());
+        assert!(err.contains("nvmlShutdown"), "{err}");
+    }
+    no_shutdown.assert_alive();
+}
+
 // ------------------------------------------------------ the kubelet's API
 
 /// The kubelet's side of the PodResources API, serving fixed pods.

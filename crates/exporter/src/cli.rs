@@ -100,8 +100,11 @@ pub fn serve(cli: &Cli) -> Result<(), Error> {
             "listening on {addr}"
         );
         let scraper = Arc::new(Scraper::new(cfg));
-        // Load NVML now, so that its state is logged before the first scrape.
-        drop(scraper.snapshot().await);
+        // Load NVML now, so that its state is logged before the first
+        // scrape; in the background: /healthz answers from the start, even
+        // while an NVML init hangs.
+        let first = scraper.clone();
+        tokio::spawn(async move { drop(first.snapshot().await) });
         tokio::select! {
             () = server::serve(listener, scraper) => {}
             () = gpu_driver_serve::shutdown_signal() => tracing::info!("stopping"),

@@ -39,6 +39,19 @@ pub const LIBNVML: &str = "libnvidia-ml.so.1";
 pub const RETRY_MIN: Duration = Duration::from_secs(1);
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// The most GPUs read: a node has at most 16, and a library that reports
+/// 2^32-1 must not make the exporter allocate or loop for them.
+pub const MAX_DEVICES: u32 = 64;
+
+/// NVML's device count, capped at [`MAX_DEVICES`].
+fn device_count(nvml: &Nvml) -> Result<u32, NvmlError> {
+    let n = nvml.device_count()?;
+    if n > MAX_DEVICES {
+        tracing::warn!("NVML reports {n} devices; reading the first {MAX_DEVICES}");
+    }
+    Ok(n.min(MAX_DEVICES))
+}
+
 /// How long the XID thread blocks in one wait: how fast it notices a stop.
 const XID_WAIT_MS: u32 = 1000;
 
@@ -164,7 +177,15 @@ fn load(choice: &LibChoice) -> Result<Nvml, NvmlError> {
         LibChoice::Soname => std::ffi::OsStr::new(LIBNVML),
     };
     b.lib_path(path);
-    b.init()
+    let nvml = b.init()?;
+    if let Err(e) = &nvml.lib().nvmlShutdown {
+        // nvml-wrapper's Drop calls nvmlShutdown and panics without it: this
+        // one handle is leaked (once: the retry backs off), never dropped.
+        let error = NvmlError::FailedToLoadSymbol(format!("nvmlShutdown: {e}"));
+        std::mem::forget(nvml);
+        return Err(error);
+    }
+    Ok(nvml)
 }
 
 /// Critical XID counts by GPU UUID, written by the XID thread.
@@ -204,6 +225,9 @@ pub struct Collected {
 pub struct Source {
     cfg: NvmlConfig,
     state: State,
+    /// The wait before reloading after NVML was lost: doubles with each
+    /// loss that follows a reload, back to [`RETRY_MIN`] after a good read.
+    reload_backoff: Duration,
 }
 
 impl Source {
@@ -216,6 +240,7 @@ impl Source {
                 next_attempt: Instant::now(),
                 backoff: RETRY_MIN,
             },
+            reload_backoff: Duration::ZERO,
         }
     }
 
@@ -272,14 +297,17 @@ impl Source {
             }
         };
         match read_all(&live.nvml, &live.xid) {
-            Ok((driver, gpus)) => Collected {
-                health: Health {
-                    up: true,
-                    error: None,
-                },
-                driver: Some(driver),
-                gpus,
-            },
+            Ok((driver, gpus)) => {
+                self.reload_backoff = Duration::ZERO;
+                Collected {
+                    health: Health {
+                        up: true,
+                        error: None,
+                    },
+                    driver: Some(driver),
+                    gpus,
+                }
+            }
             Err(e) => {
                 // The driver went away under us (unloaded, upgraded): drop
                 // NVML and load it afresh on the next scrape.
@@ -287,10 +315,14 @@ impl Source {
                 let error =
                     format!("NVML lost: counting devices failed: {e}{code}; reloading NVML");
                 tracing::warn!("{error}");
+                // The first loss reloads at once (a driver upgrade); one
+                // that keeps coming back waits longer each time.
+                let wait = self.reload_backoff;
+                self.reload_backoff = (wait * 2).clamp(RETRY_MIN, RETRY_MAX);
                 self.state = State::Down {
                     error: error.clone(),
-                    next_attempt: now,
-                    backoff: RETRY_MIN,
+                    next_attempt: now + wait,
+                    backoff: self.reload_backoff,
                 };
                 Collected {
                     health: Health {
@@ -322,7 +354,7 @@ fn start_live(nvml: Nvml) -> Live {
 /// set and counts them until `stop`. A GPU without the event reports no
 /// XID metrics.
 fn watch_xid(nvml: &Nvml, table: &Mutex<BTreeMap<String, XidCount>>, stop: &AtomicBool) {
-    let Ok(count) = nvml.device_count() else {
+    let Ok(count) = device_count(nvml) else {
         return;
     };
     let mut set = match nvml.create_event_set() {
@@ -401,7 +433,7 @@ fn opt<T>(r: Result<T, NvmlError>, what: &str, gpu: u32) -> Option<T> {
 }
 
 fn read_all(nvml: &Nvml, xid: &XidTable) -> Result<(DriverInfo, Vec<GpuReading>), NvmlError> {
-    let count = nvml.device_count()?;
+    let count = device_count(nvml)?;
     let cuda = nvml.sys_cuda_driver_version().ok();
     let driver = DriverInfo {
         driver_version: nvml.sys_driver_version().unwrap_or_default(),

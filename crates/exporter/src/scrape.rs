@@ -16,6 +16,15 @@ use gpu_driver_contract::host::HostRoot;
 /// timeout is 10 s.
 pub const PODRESOURCES_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a scrape waits for NVML. A collection that takes longer (an
+/// init or a call stuck in the driver) goes on alone; the scrape reports
+/// NVML down, and the scrapes after it share that collection rather than
+/// start more.
+pub const NVML_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The NVML side of one scrape, shared by the scrapes that wait for it.
+type NvmlSide = Arc<(Collected, Owners)>;
+
 /// What the exporter reads, from the command line.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -31,6 +40,9 @@ type Owners = (BTreeMap<u32, ProcessOwner>, BTreeSet<u32>);
 
 pub struct Scraper {
     nvml: Arc<Mutex<nvml::Source>>,
+    /// The collection under way, if any: a scrape that comes while it runs
+    /// waits for its result instead of queueing another blocking call.
+    in_flight: Arc<Mutex<Option<tokio::sync::broadcast::Sender<NvmlSide>>>>,
     host_root: HostRoot,
     socket: PathBuf,
     hostname: String,
@@ -82,6 +94,22 @@ pub fn process_owners(
     (owners, host)
 }
 
+/// NVML down with `error`, logged.
+fn down(error: String) -> (Collected, Owners) {
+    tracing::error!("{error}");
+    let health = Health {
+        up: false,
+        error: Some(error),
+    };
+    (
+        Collected {
+            health,
+            ..Default::default()
+        },
+        Owners::default(),
+    )
+}
+
 impl Scraper {
     pub fn new(cfg: Config) -> Self {
         Scraper {
@@ -89,6 +117,7 @@ impl Scraper {
                 explicit: cfg.nvml,
                 host_root: cfg.host_root.clone(),
             }))),
+            in_flight: Arc::default(),
             host_root: cfg.host_root,
             socket: cfg.kubelet_socket,
             hostname: cfg.hostname,
@@ -97,29 +126,37 @@ impl Scraper {
     }
 
     /// NVML's readings and the process owners, off the async thread (NVML
-    /// calls block, some for milliseconds).
+    /// calls block, some for milliseconds), within [`NVML_TIMEOUT`]; one
+    /// collection at a time, shared by the scrapes that wait for it.
     async fn nvml_side(&self) -> (Collected, Owners) {
-        let (source, root) = (self.nvml.clone(), self.host_root.clone());
-        let job = tokio::task::spawn_blocking(move || {
-            let collected = lock(&source).collect(Instant::now());
-            let owners = process_owners(&root, &collected.gpus);
-            (collected, owners)
-        });
-        job.await.unwrap_or_else(|e| {
-            let error = format!("reading NVML failed unexpectedly: {e}");
-            tracing::error!("{error}");
-            let health = Health {
-                up: false,
-                error: Some(error),
-            };
-            (
-                Collected {
-                    health,
-                    ..Default::default()
-                },
-                Owners::default(),
-            )
-        })
+        let mut result = {
+            let mut flight = lock(&self.in_flight);
+            match &*flight {
+                Some(running) => running.subscribe(),
+                None => {
+                    let (tx, rx) = tokio::sync::broadcast::channel(1);
+                    *flight = Some(tx.clone());
+                    let (source, root) = (self.nvml.clone(), self.host_root.clone());
+                    let in_flight = self.in_flight.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let collected = lock(&source).collect(Instant::now());
+                        let owners = process_owners(&root, &collected.gpus);
+                        *lock(&in_flight) = None;
+                        let _ = tx.send(Arc::new((collected, owners)));
+                    });
+                    rx
+                }
+            }
+        };
+        match tokio::time::timeout(NVML_TIMEOUT, result.recv()).await {
+            Ok(Ok(side)) => (side.0.clone(), side.1.clone()),
+            Ok(Err(e)) => down(format!("reading NVML failed unexpectedly: {e}")),
+            Err(_) => down(format!(
+                "NVML did not answer within {} s (a call stuck in the driver); \
+                 the next scrapes wait for the same collection",
+                NVML_TIMEOUT.as_secs()
+            )),
+        }
     }
 
     fn note_podresources(&self, error: Option<&str>) {

@@ -3,8 +3,13 @@
 //! request, so each connection answers one request (no keep-alive), and a
 //! client may hold a connection only as long as it takes to send a head of
 //! at most [`MAX_HEAD`] bytes within [`HEADER_READ_TIMEOUT`]: a slow or
-//! oversized client cannot pin the server's tasks or memory.
+//! oversized client cannot pin the server's tasks or memory. At most
+//! [`MAX_CONNECTIONS`] are open at once: a new one closes the oldest, so
+//! idle clients can neither exhaust the file descriptors nor keep a probe
+//! of `/healthz` out.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,10 +21,22 @@ use tokio::net::TcpListener;
 pub const MAX_HEAD: usize = 8192;
 /// A client that sends no complete head in this time is dropped.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Open connections at most, well under a process's usual 1024 file
+/// descriptors; Prometheus and the probes need a handful.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// The open connections, oldest first: their ids and how to close them.
+type Open = Arc<Mutex<VecDeque<(u64, tokio::task::AbortHandle)>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Accepts connections until the task is dropped; each is answered by `app`
 /// on its own task.
 pub async fn serve(listener: TcpListener, app: Router) {
+    let open: Open = Arc::default();
+    let mut next_id = 0u64;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -31,7 +48,12 @@ pub async fn serve(listener: TcpListener, app: Router) {
             }
         };
         let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
+        let (id, done) = (next_id, open.clone());
+        next_id += 1;
+        // Held across the spawn: the task's own removal comes after this
+        // push even when it ends at once on another worker.
+        let mut q = lock(&open);
+        let task = tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -41,7 +63,14 @@ pub async fn serve(listener: TcpListener, app: Router) {
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, "answering: {e}");
             }
+            lock(&done).retain(|(i, _)| *i != id);
         });
+        q.push_back((id, task.abort_handle()));
+        while q.len() > MAX_CONNECTIONS {
+            if let Some((_, oldest)) = q.pop_front() {
+                oldest.abort();
+            }
+        }
     }
 }
 
@@ -88,6 +117,37 @@ mod tests {
     use axum::routing::get;
 
     /// One request per connection, and malformed or oversized heads refused.
+    /// 600 idle connections (over the cap, not over a process's file
+    /// descriptors) do not keep a probe out: each new connection closes the
+    /// oldest, so the probe is answered.
+    #[tokio::test]
+    async fn idle_connections_over_the_cap_close_the_oldest() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let app = Router::new().route("/healthz", get(|| async { "ok\n" }));
+        let task = tokio::spawn(serve(l, app));
+        let mut idle = Vec::new();
+        for _ in 0..600 {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let probe = tokio::time::timeout(
+            Duration::from_secs(5),
+            ask(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"),
+        )
+        .await
+        .expect("the probe was kept out by idle connections");
+        assert!(probe.ends_with("\r\n\r\nok\n"), "{probe}");
+        // The oldest idle ones were closed by the server.
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(5), idle[0].read(&mut buf))
+            .await
+            .expect("the oldest idle connection is still open")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        task.abort();
+    }
+
     #[tokio::test]
     async fn answers_one_bounded_request_per_connection() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
