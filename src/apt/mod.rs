@@ -437,17 +437,40 @@ pub fn fetch_packages(
 }
 
 /// GETs a small file under the fetch policy (HTTPS unless allowed, retries
-/// on network errors, 408, 429 and 5xx). `None` on 404/410: the file does
-/// not exist, which for InRelease is normal.
+/// on network errors, 408, 429 and 5xx), all of it within the download
+/// deadline (`--download-timeout`): a server that drips one byte inside
+/// each read timeout still ends. `None` on 404/410: the file does not
+/// exist, which for InRelease is normal.
 fn fetch_small(opts: &FetchPolicy, url: &str) -> Result<Option<Vec<u8>>> {
     fetch::check_url(url, opts.allow_http)?;
     let agent = fetch::agent(opts)?;
+    let deadline = std::time::Instant::now() + opts.timeouts.total;
+    let late = || {
+        Error::new(
+            Failure::DownloadFailed,
+            format!(
+                "{url}: the download deadline of {} s passed",
+                opts.timeouts.total.as_secs()
+            ),
+        )
+        .with_hint("raise --download-timeout for a slow network, or use a closer mirror")
+    };
     let mut last = String::new();
     for retry in 0..=opts.retry.retries {
         if retry > 0 {
-            std::thread::sleep(opts.retry.backoff(retry, None));
+            let wait = opts.retry.backoff(retry, None);
+            if std::time::Instant::now() + wait >= deadline {
+                return Err(late());
+            }
+            std::thread::sleep(wait);
         }
-        match agent.get(url).send() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(late());
+        }
+        // reqwest's blocking timeout covers connecting, the head and the
+        // whole body.
+        match agent.get(url).timeout(left).send() {
             Ok(resp) => match resp.status().as_u16() {
                 200 => {
                     let mut buf = Vec::new();
@@ -459,6 +482,7 @@ fn fetch_small(opts: &FetchPolicy, url: &str) -> Result<Option<Vec<u8>>> {
                             ));
                         }
                         Ok(_) => return Ok(Some(buf)),
+                        Err(_) if std::time::Instant::now() >= deadline => return Err(late()),
                         Err(e) => last = format!("reading the body: {}", fetch::describe(&e)),
                     }
                 }
@@ -471,6 +495,7 @@ fn fetch_small(opts: &FetchPolicy, url: &str) -> Result<Option<Vec<u8>>> {
                     ));
                 }
             },
+            Err(_) if std::time::Instant::now() >= deadline => return Err(late()),
             Err(e) => last = fetch::describe_http_error(e),
         }
         tracing::info!("{url}: {last}; retrying");

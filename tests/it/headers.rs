@@ -61,6 +61,8 @@ struct Repo {
     release: String,
     overrides: HashMap<String, Vec<u8>>,
     missing: Vec<String>,
+    /// Paths served one byte every 50 ms.
+    drip: Vec<String>,
 }
 
 impl Repo {
@@ -81,6 +83,7 @@ impl Repo {
             release,
             overrides,
             missing: Vec::new(),
+            drip: Vec::new(),
         }
     }
 
@@ -157,6 +160,14 @@ impl Repo {
             let path = req.path().trim_start_matches('/').to_string();
             if path.split('/').any(|c| c == ".." || c.is_empty()) || r.missing.contains(&path) {
                 return Reply::Full(404, vec![], b"not found".to_vec());
+            }
+            if r.drip.contains(&path) {
+                let body = r
+                    .overrides
+                    .get(&path)
+                    .cloned()
+                    .unwrap_or_else(|| r.read(&path));
+                return Reply::Drip { body, every_ms: 50 };
             }
             if let Some(body) = r.overrides.get(&path) {
                 return Reply::Ranged(body.clone());
@@ -683,6 +694,35 @@ fn assert_nothing_but_the_release_read(server: &Server) {
         log.iter()
             .all(|p| p.starts_with("/dists/bookworm/") && !p.contains("Packages")),
         "{log:?}"
+    );
+}
+
+/// A repository that drips its InRelease one byte every 50 ms (each read
+/// well inside the read timeout) meets the download deadline
+/// (`--download-timeout`, 2 s here) instead of holding the fetch for as
+/// long as the file takes.
+#[test]
+fn a_dripping_release_meets_the_download_deadline() {
+    let mut repo = Repo::real();
+    repo.drip.push("dists/bookworm/InRelease".into());
+    let release = repo.release.clone();
+    let (server, _repo) = repo.serve();
+    let cache = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let mut opts = options(cache.path());
+    opts.timeouts.total = Duration::from_secs(2);
+    let err = fetch_headers_from(
+        &signed_source(&server.url(""), SUITE),
+        &release,
+        &opts,
+        &scratch.path().join("root"),
+    )
+    .unwrap_err();
+    assert_eq!(err.reason, Reason::DownloadFailed, "{err}");
+    assert!(
+        err.to_string()
+            .contains("the download deadline of 2 s passed"),
+        "{err}"
     );
 }
 
