@@ -109,6 +109,32 @@ pub fn output_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> 
             Error::new(reason, format!("running {}: {e}", command_line(cmd))).with_source(e)
         })?;
     let overflow = Arc::new(AtomicBool::new(false));
+    let streams = read_streams(&mut child, &overflow);
+    let watched = wait_within(&mut child, started, deadline, &overflow).and_then(|status| {
+        collect_streams(&streams, started, deadline, &overflow).map(|s| (status, s))
+    });
+    match watched {
+        Ok((status, [stdout, stderr])) => Ok(Output {
+            status,
+            stdout,
+            stderr,
+        }),
+        Err(why) => {
+            kill_group(&mut child);
+            Err(Error::new(
+                reason,
+                format!("{} {why}; killed", command_line(cmd)),
+            ))
+        }
+    }
+}
+
+/// Both of the child's streams read on threads of their own, each to at
+/// most [`MAX_TOOL_OUTPUT`]; the results arrive tagged 0 (stdout), 1.
+fn read_streams(
+    child: &mut std::process::Child,
+    overflow: &Arc<AtomicBool>,
+) -> mpsc::Receiver<(usize, Vec<u8>)> {
     let (tx, rx) = mpsc::channel();
     for (which, pipe) in [
         (
@@ -132,62 +158,133 @@ pub fn output_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> 
             let _ = tx.send((which, bytes));
         });
     }
-    drop(tx);
-    let stop = |child: &mut std::process::Child, why: String| {
-        kill_group(child);
-        Error::new(reason, format!("{} {why}; killed", command_line(cmd)))
-    };
-    let status = loop {
+    rx
+}
+
+/// Waits for the child's exit; why not, when it runs past the deadline or
+/// prints past the cap.
+fn wait_within(
+    child: &mut std::process::Child,
+    started: Instant,
+    deadline: Duration,
+    overflow: &AtomicBool,
+) -> std::result::Result<ExitStatus, Killed> {
+    loop {
         if overflow.load(Ordering::Relaxed) {
-            return Err(stop(
-                &mut child,
-                format!("printed more than {} MiB", MAX_TOOL_OUTPUT >> 20),
-            ));
+            return Err(Killed::Overflow);
         }
         match child.try_wait() {
-            Ok(Some(status)) => break status,
+            Ok(Some(status)) => return Ok(status),
             Ok(None) => {}
-            Err(e) => return Err(stop(&mut child, format!("could not be waited for: {e}"))),
+            Err(e) => return Err(Killed::Unwaitable(e)),
         }
         if started.elapsed() >= deadline {
-            return Err(stop(
-                &mut child,
-                format!("did not finish within {} s", deadline.as_secs()),
-            ));
+            return Err(Killed::Deadline(deadline));
         }
         std::thread::sleep(POLL);
-    };
-    // Both streams end when the tool and everything it started have
-    // closed them; something it left running must not hold us past the
-    // deadline either.
-    let mut streams = [Vec::new(), Vec::new()];
+    }
+}
+
+/// Both streams, once the tool and everything it started have closed
+/// them; something it left running must not hold us past the deadline.
+fn collect_streams(
+    streams: &mpsc::Receiver<(usize, Vec<u8>)>,
+    started: Instant,
+    deadline: Duration,
+    overflow: &AtomicBool,
+) -> std::result::Result<[Vec<u8>; 2], Killed> {
+    let mut out = [Vec::new(), Vec::new()];
     for _ in 0..2 {
         let left = deadline.saturating_sub(started.elapsed()).max(POLL);
-        match rx.recv_timeout(left) {
-            Ok((which, bytes)) => streams[which] = bytes,
-            Err(_) => {
-                return Err(stop(
-                    &mut child,
-                    format!(
-                        "left a process holding its output past {} s",
-                        deadline.as_secs()
-                    ),
-                ));
+        let (which, bytes) = streams
+            .recv_timeout(left)
+            .map_err(|_| Killed::HeldOutput(deadline))?;
+        out[which] = bytes;
+    }
+    if overflow.load(Ordering::Relaxed) {
+        return Err(Killed::Overflow);
+    }
+    Ok(out)
+}
+
+/// Why a tool was killed.
+#[derive(Debug)]
+enum Killed {
+    Deadline(Duration),
+    Overflow,
+    Unwaitable(std::io::Error),
+    HeldOutput(Duration),
+}
+
+impl std::fmt::Display for Killed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Killed::Deadline(d) => write!(f, "did not finish within {} s", d.as_secs()),
+            Killed::Overflow => write!(f, "printed more than {} MiB", MAX_TOOL_OUTPUT >> 20),
+            Killed::Unwaitable(e) => write!(f, "could not be waited for: {e}"),
+            Killed::HeldOutput(d) => {
+                write!(
+                    f,
+                    "left a process holding its output past {} s",
+                    d.as_secs()
+                )
             }
         }
     }
-    if overflow.load(Ordering::Relaxed) {
-        return Err(stop(
-            &mut child,
-            format!("printed more than {} MiB", MAX_TOOL_OUTPUT >> 20),
-        ));
+}
+
+/// Kills the child's process group at the deadline unless told first that
+/// its output ended (killing it ends the output). The thread answers
+/// whether it killed.
+fn watchdog(
+    child: &std::process::Child,
+    deadline: Duration,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<bool>) {
+    let (done, wait_done) = mpsc::channel::<()>();
+    let pid = i32::try_from(child.id()).unwrap_or(0);
+    let thread = std::thread::spawn(move || {
+        let timed_out = matches!(
+            wait_done.recv_timeout(deadline),
+            Err(mpsc::RecvTimeoutError::Timeout)
+        );
+        if timed_out && pid > 0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        timed_out
+    });
+    (done, thread)
+}
+
+/// Copies `reader`'s lines into `log` and to tracing (debug) until the end;
+/// the first write error, if any (reading goes on, so the child never
+/// blocks on a full pipe).
+fn copy_lines(reader: File, log: &mut File) -> Option<std::io::Error> {
+    let mut lines = BufReader::new(reader);
+    let mut line = Vec::new();
+    let mut write_err = None;
+    loop {
+        line.clear();
+        match lines.read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) => {
+                if write_err.is_none() {
+                    if let Err(e) = log.write_all(&line) {
+                        write_err = Some(e);
+                    }
+                }
+                tracing::debug!(target: "make", "{}", String::from_utf8_lossy(&line).trim_end());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                write_err.get_or_insert(e);
+                break;
+            }
+        }
     }
-    let [stdout, stderr] = streams;
-    Ok(Output {
-        status,
-        stdout,
-        stderr,
-    })
+    write_err
 }
 
 /// How often a running tool is looked at.
@@ -299,45 +396,8 @@ pub fn run_logged(
     // The Command held the only copies of the write end; with it dropped,
     // the reader sees EOF when the child (and its children) exit.
     drop(cmd);
-    // The watchdog: kills the group at the deadline unless told the
-    // output ended first; killing it ends the output.
-    let (done, wait_done) = mpsc::channel::<()>();
-    let pid = i32::try_from(child.id()).unwrap_or(0);
-    let watchdog = std::thread::spawn(move || {
-        let timed_out = matches!(
-            wait_done.recv_timeout(deadline),
-            Err(mpsc::RecvTimeoutError::Timeout)
-        );
-        if timed_out && pid > 0 {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        timed_out
-    });
-    let mut lines = BufReader::new(File::from(reader));
-    let mut line = Vec::new();
-    let mut write_err = None;
-    loop {
-        line.clear();
-        match lines.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(_) => {
-                if write_err.is_none() {
-                    if let Err(e) = file.write_all(&line) {
-                        write_err = Some(e);
-                    }
-                }
-                tracing::debug!(target: "make", "{}", String::from_utf8_lossy(&line).trim_end());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                write_err.get_or_insert(e);
-                break;
-            }
-        }
-    }
+    let (done, watchdog) = watchdog(&child, deadline);
+    let write_err = copy_lines(File::from(reader), &mut file);
     let _ = done.send(());
     let timed_out = watchdog.join().unwrap_or(false);
     let status = child
