@@ -247,11 +247,8 @@ fn watchdog(
             wait_done.recv_timeout(deadline),
             Err(mpsc::RecvTimeoutError::Timeout)
         );
-        if timed_out && pid > 0 {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        if timed_out {
+            kill_pg(pid);
         }
         timed_out
     });
@@ -312,15 +309,20 @@ fn read_capped(mut r: impl Read, overflow: &AtomicBool) -> Vec<u8> {
     kept
 }
 
-/// SIGKILL to the tool's process group (it leads one of its own), then
-/// reaps the tool.
-fn kill_group(child: &mut std::process::Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
+/// SIGKILL to the process group `pid` leads (none for 0).
+fn kill_pg(pid: i32) {
+    if pid > 0 {
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
     }
+}
+
+/// SIGKILL to the tool's process group (it leads one of its own), then
+/// reaps the tool.
+fn kill_group(child: &mut std::process::Child) {
+    kill_pg(i32::try_from(child.id()).unwrap_or(0));
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -217,25 +217,7 @@ fn nvml_appears_later_and_its_real_error_is_reported() {
 /// Compiles `tests/fixtures/libnvml-stub.c` (a stand-in for NVIDIA's
 /// library; see its header) into `dir/libnvidia-ml.so.1`.
 fn stub_nvml(dir: &Path, defines: &[&str]) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let out = dir.join("libnvidia-ml.so.1");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/libnvml-stub.c");
-    let st = Command::new("gcc")
-        .args([
-            "-shared",
-            "-fPIC",
-            "-Wall",
-            "-Werror",
-            "-Wl,-soname,libnvidia-ml.so.1",
-        ])
-        .args(defines.iter().map(|d| format!("-D{d}")))
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success(), "compiling {}", src.display());
-    out
+    crate::support::host::stub_library(dir, "libnvml-stub.c", "libnvidia-ml.so.1", defines)
 }
 
 /// The exporter on a stand-in NVML that misbehaves in `env`'s way.

@@ -82,17 +82,20 @@ pub fn add_glibc(host: &Path) {
 /// returns its path.
 #[allow(dead_code)]
 pub fn stub_libcuda(dir: &Path, defines: &[&str]) -> PathBuf {
+    stub_library(dir, "libcuda-stub.c", "libcuda.so.1", defines)
+}
+
+/// Compiles the hardware double `tests/fixtures/<source>` into
+/// `dir/<soname>` (with that SONAME) and the given `-D` definitions.
+pub fn stub_library(dir: &Path, source: &str, soname: &str, defines: &[&str]) -> PathBuf {
     fs::create_dir_all(dir).unwrap();
-    let out = dir.join("libcuda.so.1");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/libcuda-stub.c");
+    let out = dir.join(soname);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(source);
     let st = Command::new("gcc")
-        .args([
-            "-shared",
-            "-fPIC",
-            "-Wall",
-            "-Werror",
-            "-Wl,-soname,libcuda.so.1",
-        ])
+        .args(["-shared", "-fPIC", "-Wall", "-Werror"])
+        .arg(format!("-Wl,-soname,{soname}"))
         .args(defines.iter().map(|d| format!("-D{d}")))
         .arg("-o")
         .arg(&out)
