@@ -378,7 +378,9 @@ pub struct BuildArgs {
     /// Keep the extracted and compiled tree (the log is always kept).
     #[arg(long)]
     pub keep_work: bool,
-    /// Parallel compile jobs. Default: the number of CPUs available.
+    /// Parallel compile jobs. Default: the number of CPUs available, fewer
+    /// where the cgroup's memory limit would not hold them (320 MiB plus
+    /// 128 MiB per compiler).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub jobs: Option<u16>,
     /// The driver version, where the source does not declare it; must agree
@@ -670,9 +672,9 @@ fn with_load(mut cfg: Config, args: &LoadArgs) -> Config {
 }
 
 fn build_options(g: &GlobalArgs, args: &BuildArgs) -> BuildOptions {
-    let jobs = args.jobs.map(usize::from).unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
+    let jobs = args
+        .jobs
+        .map_or_else(crate::build::default_jobs, usize::from);
     BuildOptions {
         source: args.source.clone(),
         // Empty: the running kernel (read by build).

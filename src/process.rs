@@ -94,8 +94,9 @@ pub fn output(cmd: &mut Command, reason: Failure) -> Result<Output> {
 /// Runs `cmd` in a process group of its own, stdin closed, and returns
 /// what it printed, whatever its exit status. Failing to start it, running
 /// past `deadline`, or printing more than [`MAX_TOOL_OUTPUT`] on a stream
-/// is `reason`, naming the command line; in the last two cases the whole
-/// group (the tool and whatever it started) is killed first.
+/// is `reason`, naming the command line, except that running past the
+/// deadline is `TimedOut`; in the last two cases the whole group (the tool
+/// and whatever it started) is killed first.
 pub fn output_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> Result<Output> {
     use std::os::unix::process::CommandExt;
     let started = Instant::now();
@@ -122,7 +123,7 @@ pub fn output_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> 
         Err(why) => {
             kill_group(&mut child);
             Err(Error::new(
-                reason,
+                why.reason(reason),
                 format!("{} {why}; killed", command_line(cmd)),
             ))
         }
@@ -214,6 +215,17 @@ enum Killed {
     Overflow,
     Unwaitable(std::io::Error),
     HeldOutput(Duration),
+}
+
+impl Killed {
+    /// A deadline is `TimedOut` whatever the step; the rest are the
+    /// caller's `reason` (the tool misbehaved in a way the step owns).
+    fn reason(&self, reason: Failure) -> Failure {
+        match self {
+            Killed::Deadline(_) | Killed::HeldOutput(_) => Failure::TimedOut,
+            Killed::Overflow | Killed::Unwaitable(_) => reason,
+        }
+    }
 }
 
 impl std::fmt::Display for Killed {
@@ -365,8 +377,8 @@ pub fn exit_error(cmd: &Command, out: &Output, reason: Failure) -> Error {
 /// `log` and to tracing at debug level. Failing to start it is
 /// `spawn_reason`; its exit status is returned for the caller to judge
 /// (a compile's failure is read from the log). Past `deadline` its process
-/// group (make and every compiler it started) is killed: `spawn_reason`,
-/// saying so.
+/// group (make and every compiler it started) is killed: `TimedOut`,
+/// naming the deadline and the log.
 pub fn run_logged(
     program: &str,
     args: &[OsString],
@@ -407,7 +419,7 @@ pub fn run_logged(
         .map_err(|e| Error::new(LOCAL_IO, format!("waiting for {program}: {e}")))?;
     if timed_out {
         return Err(Error::new(
-            spawn_reason,
+            Failure::TimedOut,
             format!(
                 "{program} did not finish within {} s; killed (its output is in {})",
                 deadline.as_secs(),
@@ -485,7 +497,7 @@ mod tests {
 
     /// A tool that hangs (a cuInit that never returns, an nvidia-smi stuck
     /// in the kernel) is killed at its deadline, with whatever it started,
-    /// and the failure says so under the caller's reason.
+    /// and the failure is `TimedOut`, whatever the step.
     #[test]
     fn a_hung_tool_and_its_children_are_killed_at_the_deadline() {
         let dir = tempfile::tempdir().unwrap();
@@ -496,7 +508,8 @@ mod tests {
             .arg("sh")
             .arg(&pidfile);
         let e = output_within(&mut cmd, Failure::VerifyFailed, Duration::from_secs(1)).unwrap_err();
-        assert_eq!(e.reason, Reason::VerifyFailed);
+        assert_eq!(e.reason, Reason::TimedOut);
+        assert_eq!(e.reason.exit_code(), 16);
         assert!(
             e.to_string().contains("did not finish within 1 s; killed"),
             "{e}"
@@ -525,7 +538,8 @@ mod tests {
     fn a_tool_that_prints_without_end_is_killed_at_the_cap() {
         let mut cmd = Command::new("cat");
         cmd.arg("/dev/zero");
-        let e = output(&mut cmd, Failure::Internal).unwrap_err();
+        let e = output(&mut cmd, Failure::VerifyFailed).unwrap_err();
+        assert_eq!(e.reason, Reason::VerifyFailed);
         assert!(
             e.to_string().contains("printed more than 16 MiB; killed"),
             "{e}"
@@ -550,7 +564,7 @@ mod tests {
             Duration::from_secs(1),
         )
         .unwrap_err();
-        assert_eq!(e.reason, Reason::BuildFailed);
+        assert_eq!(e.reason, Reason::TimedOut);
         assert!(
             e.to_string().contains("did not finish within 1 s; killed"),
             "{e}"

@@ -21,6 +21,7 @@
 
 mod compile;
 mod package;
+mod parallelism;
 mod preflight;
 mod result;
 mod source;
@@ -36,6 +37,7 @@ use crate::step::{self, Done, StepResult, StepStatus, Stopped};
 
 pub use compile::{CompileFailure, EXCERPT_LINES, classify_log, make_args};
 pub use package::{check_machine, check_vermagic, collect_modules};
+pub use parallelism::default_jobs;
 pub use preflight::{
     CompilerMatch, Target, check_compiler, check_disk, check_proc, check_tools, choose_compiler,
     compare_compilers, parse_version_first_line, target_arch,

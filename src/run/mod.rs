@@ -380,7 +380,7 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
         out_dir: root.join(BUILD_CACHE),
         work_dir: None,
         keep_work: false,
-        jobs: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        jobs: crate::build::default_jobs(),
         driver_version: st.driver_version.clone(),
         arch: st.arch,
         cache: None,

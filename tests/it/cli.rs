@@ -1110,3 +1110,93 @@ fn the_module_params_file_is_read_bounded_and_never_quoted() {
         );
     }
 }
+
+/// A memory cgroup of this process's own with `limit` bytes (v2 where the
+/// unified hierarchy is mounted, else v1's memory controller), removed on
+/// drop. These machines run the tests as root with a writable hierarchy.
+struct MemoryCgroup(PathBuf);
+
+impl MemoryCgroup {
+    fn new(name: &str, limit: u64) -> MemoryCgroup {
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap();
+        let unified = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let (mount, path, file) = if unified {
+            let p = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+            ("/sys/fs/cgroup", p, "memory.max")
+        } else {
+            let p = own
+                .lines()
+                .find_map(|l| l.split_once(":memory:").map(|(_, p)| p))
+                .unwrap();
+            ("/sys/fs/cgroup/memory", p, "memory.limit_in_bytes")
+        };
+        let dir = Path::new(mount)
+            .join(path.trim_start_matches('/'))
+            .join(format!("{name}-{}", std::process::id()));
+        fs::create_dir(&dir).unwrap_or_else(|e| {
+            panic!(
+                "making the memory cgroup {} (this test needs root and a writable cgroup hierarchy): {e}",
+                dir.display()
+            )
+        });
+        fs::write(dir.join(file), limit.to_string()).unwrap();
+        MemoryCgroup(dir)
+    }
+
+    /// `cmd` started inside the cgroup (a shell moves itself in first).
+    fn wrap(&self, cmd: &Command) -> Command {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(r#"echo $$ >"$0/cgroup.procs" && exec "$@""#)
+            .arg(&self.0)
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        sh
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir(&self.0);
+    }
+}
+
+/// Without `--jobs`, a build runs one compiler per CPU but no more than
+/// its cgroup's memory limit holds (320 MiB plus 128 MiB each), and says
+/// so; `--jobs` still wins.
+#[test]
+fn a_memory_limit_lowers_the_default_compile_jobs() {
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let jobs_in = |limit: u64, extra: &[&str]| {
+        let cg = MemoryCgroup::new("gpu-driver-jobs", limit);
+        let mut cmd = bin();
+        cmd.args(["--log-level", "info", "build", "--source", "/nonexistent"])
+            .args([
+                "--kernel",
+                "6.1.0",
+                "--flavor",
+                "open",
+                "--out",
+                "/nonexistent/out",
+            ])
+            .args(extra);
+        let out = cg.wrap(&cmd).output().unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            doc["spec"]["jobs"].as_u64().unwrap() as usize,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (jobs, stderr) = jobs_in(400 << 20, &[]);
+    assert_eq!(jobs, 1);
+    if cpus > 1 {
+        assert!(
+            stderr.contains(&format!(
+                "compiling with -j1, not -j{cpus}: the container's memory limit is 400 MiB"
+            )),
+            "{stderr}"
+        );
+    }
+    assert_eq!(jobs_in(64 << 30, &[]).0, cpus);
+    assert_eq!(jobs_in(400 << 20, &["--jobs", "3"]).0, 3);
+}

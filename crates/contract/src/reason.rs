@@ -123,6 +123,10 @@ pub enum Reason {
     /// `verify`: the driver root's libcuda could not be loaded, or a CUDA
     /// driver API call (cuInit, context, allocation, copy) failed on a device.
     CudaCheckFailed,
+    /// A tool a step ran (make, nvidia-smi, the CUDA check, modprobe,
+    /// systemctl, …) did not finish within its deadline, or left a process
+    /// holding its output past it; its whole process group was killed.
+    TimedOut,
     /// A bug: something that should not happen did.
     Internal,
 }
@@ -141,6 +145,7 @@ pub enum ReasonClass {
     Build,
     Install,
     Verify,
+    Timeout,
 }
 
 impl Reason {
@@ -189,6 +194,7 @@ impl Reason {
         Reason::CatalogChecked,
         Reason::VerifyFailed,
         Reason::CudaCheckFailed,
+        Reason::TimedOut,
         Reason::Internal,
     ];
 
@@ -236,6 +242,7 @@ impl Reason {
             | Reason::DriverInUse
             | Reason::FabricManagerFailed => ReasonClass::Install,
             Reason::VerifyFailed | Reason::CudaCheckFailed => ReasonClass::Verify,
+            Reason::TimedOut => ReasonClass::Timeout,
         }
     }
 
@@ -297,6 +304,7 @@ impl Reason {
             Reason::CatalogChecked => "CatalogChecked",
             Reason::VerifyFailed => "VerifyFailed",
             Reason::CudaCheckFailed => "CudaCheckFailed",
+            Reason::TimedOut => "TimedOut",
             Reason::Internal => "Internal",
         }
     }
@@ -316,6 +324,7 @@ impl ReasonClass {
             ReasonClass::Build => 13,
             ReasonClass::Install => 14,
             ReasonClass::Verify => 15,
+            ReasonClass::Timeout => 16,
         }
     }
 }
@@ -387,7 +396,7 @@ reason_halves! {
         CompilerMissing, CompilerMismatch, InsufficientDisk, ProcNotMounted, KernelApiMismatch,
         BuildFailed, ArtifactNotCached, CacheWriteFailed, NotRoot, ArtifactInvalid,
         VermagicMismatch, ModuleLoadFailed, ModuleUnloadFailed, DriverInUse,
-        FabricManagerFailed, VerifyFailed, CudaCheckFailed, Internal,
+        FabricManagerFailed, VerifyFailed, CudaCheckFailed, TimedOut, Internal,
 }
 
 impl Failure {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{LocalObjectReference, Toleration};
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
@@ -234,6 +234,11 @@ pub struct BuildPolicy {
     /// compromised GPU node cannot plant what every other one loads.
     #[serde(default)]
     pub allow_gpu_nodes: bool,
+    /// CPU and memory of the build Job's installer container. Unset:
+    /// requests 1 CPU and 1Gi memory, limit 4Gi memory, no CPU limit; the
+    /// build runs as many compilers as the memory limit holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
 }
 
 fn default_build_parallel() -> u32 {
@@ -248,6 +253,7 @@ impl Default for BuildPolicy {
             tolerations: Vec::new(),
             max_parallel: default_build_parallel(),
             allow_gpu_nodes: false,
+            resources: None,
         }
     }
 }
@@ -329,6 +335,13 @@ pub struct JobSettings {
     /// Longest wait between failed Jobs, in seconds.
     #[serde(default = "default_retry_max")]
     pub retry_max_seconds: u64,
+    /// CPU and memory of the install Job's installer container. Unset:
+    /// requests 250m CPU and 512Mi memory, limit 2Gi memory, no CPU limit
+    /// (sized from `scripts/bench-cache`'s measurement, docs/operator.md
+    /// "Memory"); a compile on the node runs as many compilers as the
+    /// memory limit holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
 }
 
 fn default_backoff_limit() -> i32 {
@@ -355,6 +368,7 @@ impl Default for JobSettings {
             ttl_seconds_after_finished: default_ttl(),
             retry_base_seconds: default_retry_base(),
             retry_max_seconds: default_retry_max(),
+            resources: None,
         }
     }
 }

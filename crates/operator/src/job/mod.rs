@@ -681,4 +681,86 @@ mod tests {
         assert!(p.affinity.is_none());
         assert_eq!(p.tolerations.unwrap()[0].key.as_deref(), Some("build"));
     }
+
+    /// Every container has memory requests and a limit (the node-critical
+    /// install Job was unbounded), no CPU limit, and a GpuDriver's own
+    /// resources replace the defaults.
+    #[test]
+    fn every_container_has_sized_memory_and_the_spec_overrides_it() {
+        use k8s_openapi::api::core::v1::{Container, ResourceRequirements};
+        let memory = |c: &Container, which: &str| {
+            let r = c.resources.as_ref().unwrap();
+            let m = if which == "limit" {
+                &r.limits
+            } else {
+                &r.requests
+            };
+            m.as_ref().unwrap()["memory"].0.clone()
+        };
+        let no_cpu_limit = |c: &Container| {
+            assert!(
+                !c.resources
+                    .as_ref()
+                    .unwrap()
+                    .limits
+                    .as_ref()
+                    .unwrap()
+                    .contains_key("cpu")
+            )
+        };
+        let mut g = gd_with_two_secrets();
+        let req = |role, image| JobRequest::node_job(role, "j", "gpu-driver", "n1", image, "k");
+        for (role, image, request, limit) in [
+            (JobRole::Install, "builder:1", "512Mi", "2Gi"),
+            (JobRole::Detect, "installer:1", "32Mi", "128Mi"),
+        ] {
+            let pod = build(&g, &req(role, image))
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap();
+            let main = &pod.containers[0];
+            assert_eq!(
+                (memory(main, "request"), memory(main, "limit")),
+                (request.into(), limit.into())
+            );
+            no_cpu_limit(main);
+            let init = &pod.init_containers.as_ref().unwrap()[0];
+            assert_eq!(memory(init, "limit"), "64Mi");
+        }
+        let build_pod = |g: &GpuDriver| {
+            let job = example(
+                g,
+                "n1",
+                "Garden Linux 1877.3",
+                "6.12.44-cloud-amd64",
+                "gpu-driver",
+                TemplateKind::Build,
+            )
+            .unwrap();
+            job.spec.unwrap().template.spec.unwrap().containers[0].clone()
+        };
+        let main = build_pod(&g);
+        assert_eq!(
+            (memory(&main, "request"), memory(&main, "limit")),
+            ("1Gi".into(), "4Gi".into())
+        );
+        no_cpu_limit(&main);
+
+        let own: ResourceRequirements = serde_json::from_value(serde_json::json!({
+            "requests": {"memory": "3Gi"}, "limits": {"memory": "6Gi"}
+        }))
+        .unwrap();
+        g.spec.job.resources = Some(own.clone());
+        g.spec.build.resources = Some(own.clone());
+        let pod = build(&g, &req(JobRole::Install, "builder:1"))
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        assert_eq!(pod.containers[0].resources.as_ref(), Some(&own));
+        assert_eq!(build_pod(&g).resources.as_ref(), Some(&own));
+    }
 }

@@ -4,8 +4,10 @@
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, EmptyDirVolumeSource, EnvFromSource, NodeAffinity,
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSecurityContext, PodSpec,
-    SeccompProfile, SecretEnvSource, SecurityContext, Toleration, Volume, VolumeMount,
+    ResourceRequirements, SeccompProfile, SecretEnvSource, SecurityContext, Toleration, Volume,
+    VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{
     INSTALLER_DIR, INSTALLER_IN_IMAGE, INSTALLER_PATH, JobRequest, SERVICE_ACCOUNT, installer_args,
@@ -87,6 +89,12 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
             mount(BUILD_TMP, "/tmp", false),
         ]),
         security_context: Some(unprivileged()),
+        resources: Some(
+            spec.build
+                .resources
+                .clone()
+                .unwrap_or_else(|| BUILD_RESOURCES.get()),
+        ),
         termination_message_path: Some("/dev/termination-log".into()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
@@ -219,6 +227,7 @@ fn copy_container(gd: &GpuDriver) -> Container {
             privileged: None,
             ..unprivileged()
         }),
+        resources: Some(COPY_RESOURCES.get()),
         ..Default::default()
     }
 }
@@ -243,6 +252,15 @@ fn installer_container(gd: &GpuDriver, req: &JobRequest<'_>) -> Container {
         security_context: Some(SecurityContext {
             privileged: Some(req.role == JobRole::Install),
             ..Default::default()
+        }),
+        resources: Some(match req.role {
+            JobRole::Detect => DETECT_RESOURCES.get(),
+            _ => gd
+                .spec
+                .job
+                .resources
+                .clone()
+                .unwrap_or_else(|| INSTALL_RESOURCES.get()),
         }),
         termination_message_path: Some("/dev/termination-log".into()),
         // The installer writes its result there; if it crashed before that,
@@ -276,3 +294,56 @@ fn secret_env(name: Option<String>) -> Option<Vec<EnvFromSource>> {
         }]
     })
 }
+
+/// A container's default requests and limits. No CPU limit: a compile
+/// throttled by CFS quota only takes longer, and the installer sizes its
+/// `-j` by the memory limit (`build::default_jobs`).
+struct Resources {
+    cpu: &'static str,
+    memory: &'static str,
+    memory_limit: &'static str,
+}
+
+impl Resources {
+    fn get(&self) -> ResourceRequirements {
+        let q = |s: &str| Quantity(s.to_string());
+        ResourceRequirements {
+            requests: Some(
+                [("cpu", self.cpu), ("memory", self.memory)]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), q(v)))
+                    .collect(),
+            ),
+            limits: Some([("memory".to_string(), q(self.memory_limit))].into()),
+            ..Default::default()
+        }
+    }
+}
+
+// Sized from `scripts/bench-cache` (docs/operator.md, "Memory"): a cache
+// hit peaks at a few MiB of anonymous memory; a compile at 295 MiB with one
+// compiler, 850 MiB with eight. The installer counts 320 MiB plus 128 MiB
+// per compiler, so an install Job's limit holds a compile on the node at
+// -j13 and a build Job's at -j29.
+const INSTALL_RESOURCES: Resources = Resources {
+    cpu: "250m",
+    memory: "512Mi",
+    memory_limit: "2Gi",
+};
+const BUILD_RESOURCES: Resources = Resources {
+    cpu: "1",
+    memory: "1Gi",
+    memory_limit: "4Gi",
+};
+/// `detect` reads a few host files.
+const DETECT_RESOURCES: Resources = Resources {
+    cpu: "10m",
+    memory: "32Mi",
+    memory_limit: "128Mi",
+};
+/// `copy-self` copies one 20 MB file.
+const COPY_RESOURCES: Resources = Resources {
+    cpu: "10m",
+    memory: "16Mi",
+    memory_limit: "64Mi",
+};
