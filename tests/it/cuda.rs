@@ -5,7 +5,7 @@
 //! - NVIDIA's real libcuda (Debian bookworm non-free's libcuda1, from
 //!   `scripts/fetch-test-data`) on this machine without a GPU: the real
 //!   CUDA error it returns;
-//! - a stub libcuda compiled here (`tests/fixtures/libcuda-stub.c`) for the
+//! - the CUDA double compiled here (`tests/gpu-double/libcuda.c`) for the
 //!   paths no GPU-less machine reaches: success on two devices, Fabric
 //!   Manager's 802, one device failing, a corrupt copy round trip;
 //! - a driver root without libcuda, a libcuda that is not a library, and a
@@ -380,4 +380,70 @@ fn the_helper_never_sees_the_installers_environment() {
     let (code, doc) = run(&host, &[], &[("GPU_DRIVER_TEST_SECRET", "must-not-leak")]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(doc["status"]["cuda"]["ok"], true, "{doc}");
+}
+
+/// The CUDA double of `tests/gpu-double/` in its profile mode: the devices
+/// are the profile's, read beside the library in the driver root; with no
+/// profile there is no GPU, and cuInit says so as NVIDIA's libcuda does.
+#[test]
+fn the_cuda_double_reports_its_profiles_devices() {
+    let tmp = tempfile::tempdir().unwrap();
+    let libs = host_support::gpu_double(
+        &tmp.path().join("double"),
+        "cuda_version = 12020\ngpus = 1\ngpu0.name = Tesla T4\n",
+    );
+    let host = host(tmp.path(), SMI_OK, Some(&libs.join("libcuda.so.1")));
+    let profile = host
+        .join("var/lib/gpu-driver/drivers/current")
+        .join(lib_dir())
+        .join("gpu-double.profile");
+    fs::copy(libs.join("gpu-double.profile"), &profile).unwrap();
+    let (code, doc) = run(&host, &[], &[]);
+    assert_eq!(
+        (code, doc["status"]["reason"].as_str()),
+        (0, Some("Verified")),
+        "{doc}"
+    );
+    let cuda = &doc["status"]["cuda"];
+    assert_eq!(cuda["deviceCount"], 1, "{doc}");
+    assert_eq!(cuda["devices"][0]["name"], "Tesla T4", "{doc}");
+
+    fs::remove_file(&profile).unwrap();
+    let (code, doc) = run(&host, &[], &[]);
+    assert_failed(code, &doc, "CudaCheckFailed");
+    assert_eq!(
+        doc["status"]["cuda"]["error"]["name"], "CUDA_ERROR_NO_DEVICE",
+        "{doc}"
+    );
+}
+
+/// What keeps verify's nvidia-smi check off the GPU double (docs/
+/// gpu-double.md): NVIDIA's real nvidia-smi 535 looks up
+/// `nvmlInternalGetExportTable`, a private entry point that nvml.h does
+/// not declare, and without NVIDIA's table behind it refuses the library.
+/// The double models documented NVML only, so this must stay a refusal;
+/// if it ever passes, verify's nvidia-smi check can run on the double.
+#[test]
+fn nvidias_nvidia_smi_refuses_an_nvml_without_its_private_export_table() {
+    let smi = test_data()
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("nvidia-smi/bin/nvidia-smi");
+    let tmp = tempfile::tempdir().unwrap();
+    let libs = host_support::gpu_double(
+        &tmp.path().join("double"),
+        "driver_version = 535.261.03\ngpus = 1\ngpu0.name = Tesla T4\n",
+    );
+    let out = std::process::Command::new(&smi)
+        .arg("-L")
+        .env("LD_LIBRARY_PATH", &libs)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", smi.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(255), "{stdout}");
+    assert!(
+        stdout.contains("Mismatch in versions between nvidia-smi and NVML"),
+        "{stdout}"
+    );
 }

@@ -214,10 +214,18 @@ fn nvml_appears_later_and_its_real_error_is_reported() {
     e.wait_log("NVML_ERROR_DRIVER_NOT_LOADED");
 }
 
-/// Compiles `tests/fixtures/libnvml-stub.c` (a stand-in for NVIDIA's
-/// library; see its header) into `dir/libnvidia-ml.so.1`.
+/// Compiles the NVML double `tests/gpu-double/libnvidia-ml.c` (see its
+/// header) into `dir/libnvidia-ml.so.1`, with a profile of one GPU beside
+/// it unless the test gives its own (`GPU_DOUBLE_PROFILE`).
 fn stub_nvml(dir: &Path, defines: &[&str]) -> PathBuf {
-    crate::support::host::stub_library(dir, "libnvml-stub.c", "libnvidia-ml.so.1", defines)
+    let lib =
+        crate::support::host::stub_library(dir, "libnvidia-ml.c", "libnvidia-ml.so.1", defines);
+    std::fs::write(
+        dir.join("gpu-double.profile"),
+        "driver_version = 535.261.03\ngpus = 1\n",
+    )
+    .unwrap();
+    lib
 }
 
 /// The exporter on a stand-in NVML that misbehaves in `env`'s way.
@@ -251,7 +259,7 @@ fn a_misbehaving_nvml_never_takes_healthz_or_the_process_down() {
     let mut hung = on_stub(
         &dir.path().join("hung"),
         &[],
-        &[("NVML_STUB_INIT_SLEEP", "600")],
+        &[("GPU_DOUBLE_NVML_INIT_SLEEP", "600")],
     );
     assert_eq!(hung.get("/healthz"), (200, "ok\n".to_string()));
     let scrapes: Vec<_> = (0..4)
@@ -276,10 +284,12 @@ fn a_misbehaving_nvml_never_takes_healthz_or_the_process_down() {
     assert_eq!(hung.get("/healthz"), (200, "ok\n".to_string()));
     hung.assert_alive();
 
+    let hostile = dir.path().join("hostile.profile");
+    std::fs::write(&hostile, "driver_version = 535.261.03\ngpus = 4294967295\n").unwrap();
     let mut many = on_stub(
         &dir.path().join("many"),
         &[],
-        &[("NVML_STUB_COUNT", "4294967295")],
+        &[("GPU_DOUBLE_PROFILE", hostile.to_str().unwrap())],
     );
     let samples = many.metrics();
     let up = one(&samples, "gpu_driver_exporter_nvml_up", &[]);
@@ -467,6 +477,93 @@ fn pods_holding_gpus_come_from_the_kubelet() {
     // A GPU in MIG mode is not itself held: no pod labels on its series.
     let a100 = one(&samples, "DCGM_FI_DEV_POWER_USAGE", &[("gpu", "1")]);
     assert!(!a100.labels.contains_key("pod"), "{a100:?}");
+}
+
+/// The GPU double's profile the exporter tests read: GPU0 held by the
+/// kubelet double's `ml/train-0`, a second GPU held by nobody.
+const DOUBLE_PROFILE: &str = "driver_version = 535.261.03
+nvml_version = 12.535.261.03
+cuda_version = 12020
+gpus = 2
+gpu0.name = NVIDIA H100 80GB HBM3
+gpu0.uuid = GPU-6f3c2a1e-0b7d-4c5e-9a21-3d4e5f607182
+gpu0.pci_bus_id = 00000000:3B:00.0
+gpu0.pci_device_id = 0x233010DE
+gpu0.minor = 0
+gpu0.memory_total = 85520809984
+gpu0.memory_used = 1073741824
+gpu0.utilization_gpu = 37
+gpu0.utilization_memory = 12
+gpu0.mig = 0
+gpu0.compute_capability = 9.0
+gpu0.process = 4242:1073741824
+gpu1.name = NVIDIA H100 80GB HBM3
+gpu1.uuid = GPU-5b6a9c1e-8f3a-2b7d-41c0-9e2f7a6d3b11
+gpu1.pci_bus_id = 00000000:86:00.0
+gpu1.minor = 1
+gpu1.memory_total = 85520809984
+gpu1.compute_capability = 9.0
+";
+
+/// The binary end to end over the GPU double's NVML (through nvml-wrapper,
+/// as on a node) and the kubelet double's PodResources: the profile's
+/// readings come out in DCGM's names and units, the held GPU carries its
+/// pod's labels, and what the double does not model (power, clocks,
+/// temperature) is left out, not made up.
+#[test]
+fn the_gpu_doubles_readings_reach_the_pod_that_holds_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let libs = crate::support::host::gpu_double(&dir.path().join("driver"), DOUBLE_PROFILE);
+    let socket = dir.path().join("kubelet.sock");
+    serve_kubelet(&socket);
+    let mut e = Exporter::start(
+        &[
+            "--host-root",
+            dir.path().to_str().unwrap(),
+            "--nvml",
+            libs.join("libnvidia-ml.so.1").to_str().unwrap(),
+            "--kubelet-socket",
+            socket.to_str().unwrap(),
+        ],
+        &[("NODE_NAME", "gpu-node-1")],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let m = loop {
+        let m = e.metrics();
+        let up = one(&m, "gpu_driver_exporter_nvml_up", &[]);
+        if up.value == 1.0 || Instant::now() > deadline {
+            assert_eq!(up.value, 1.0, "{up:?}\n{}", e.log());
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let util = one(&m, "DCGM_FI_DEV_GPU_UTIL", &[("UUID", GPU0)]);
+    assert_eq!(util.value, 37.0);
+    for (k, v) in [
+        ("gpu", "0"),
+        ("pci_bus_id", "00000000:3B:00.0"),
+        ("modelName", "NVIDIA H100 80GB HBM3"),
+        ("Hostname", "gpu-node-1"),
+        ("namespace", "ml"),
+        ("pod", "train-0"),
+        ("container", "cuda"),
+    ] {
+        assert_eq!(util.labels[k], v, "{util:?}");
+    }
+    // MiB, as DCGM reports frame buffer memory.
+    let used = one(&m, "DCGM_FI_DEV_FB_USED", &[("UUID", GPU0)]);
+    assert_eq!(used.value, 1024.0);
+    let other = one(&m, "DCGM_FI_DEV_GPU_UTIL", &[("gpu", "1")]);
+    assert_eq!(other.value, 0.0);
+    assert!(!other.labels.contains_key("pod"), "{other:?}");
+    for unmodelled in [
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_SM_CLOCK",
+    ] {
+        assert!(find(&m, unmodelled, &[]).is_empty(), "{unmodelled}: {m:?}");
+    }
+    e.assert_alive();
 }
 
 #[test]

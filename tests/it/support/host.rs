@@ -77,21 +77,37 @@ pub fn add_glibc(host: &Path) {
     }
 }
 
-/// Compiles `tests/fixtures/libcuda-stub.c` into `dir/libcuda.so.1` (its
-/// SONAME) with the given `-D` definitions (see the stub's header) and
-/// returns its path.
+/// Compiles the CUDA double `tests/gpu-double/libcuda.c` into
+/// `dir/libcuda.so.1` (its SONAME) with the given `-D` definitions (see its
+/// header); without `STUB_DEVICES` among them it is built with one device,
+/// the fault tests' fixed count, not reading a profile.
 #[allow(dead_code)]
 pub fn stub_libcuda(dir: &Path, defines: &[&str]) -> PathBuf {
-    stub_library(dir, "libcuda-stub.c", "libcuda.so.1", defines)
+    let mut defines = defines.to_vec();
+    if !defines.iter().any(|d| d.starts_with("STUB_DEVICES=")) {
+        defines.push("STUB_DEVICES=1");
+    }
+    stub_library(dir, "libcuda.c", "libcuda.so.1", &defines)
 }
 
-/// Compiles the hardware double `tests/fixtures/<source>` into
+/// The GPU double (`tests/gpu-double/`): its NVML and CUDA libraries
+/// compiled into `dir` (`libnvidia-ml.so.1`, `libcuda.so.1`) with `profile`
+/// beside them as `gpu-double.profile`, where both read it.
+#[allow(dead_code)]
+pub fn gpu_double(dir: &Path, profile: &str) -> PathBuf {
+    stub_library(dir, "libnvidia-ml.c", "libnvidia-ml.so.1", &[]);
+    stub_library(dir, "libcuda.c", "libcuda.so.1", &[]);
+    fs::write(dir.join("gpu-double.profile"), profile).unwrap();
+    dir.to_path_buf()
+}
+
+/// Compiles the hardware double `tests/gpu-double/<source>` into
 /// `dir/<soname>` (with that SONAME) and the given `-D` definitions.
 pub fn stub_library(dir: &Path, source: &str, soname: &str, defines: &[&str]) -> PathBuf {
     fs::create_dir_all(dir).unwrap();
     let out = dir.join(soname);
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
+        .join("tests/gpu-double")
         .join(source);
     let st = Command::new("gcc")
         .args(["-shared", "-fPIC", "-Wall", "-Werror"])
