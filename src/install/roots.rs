@@ -292,7 +292,40 @@ pub(super) fn rename_into_place(
 /// returns the root it named before.
 pub(super) fn point_current(fs: &HostFs, name: &str) -> Result<Option<PathBuf>> {
     let current = in_drivers("current");
+    clear_placeholder(fs, &current)?;
     let previous = fs.read_link(&current).ok();
     fs.replace_symlink(&current, name)?;
     Ok(previous)
+}
+
+/// A directory where the `current` link belongs: a pod with a
+/// `DirectoryOrCreate` hostPath on it (as NVIDIA's toolkit mounts its driver
+/// root) that started before the first install made it, empty; the rename
+/// of the link over it failed with EISDIR on every retry. An empty one is
+/// removed (the pod that made it sees the driver after a restart); one with
+/// files is someone else's and is refused untouched.
+fn clear_placeholder(fs: &HostFs, rel: &Path) -> Result<()> {
+    if fs.kind(rel)? != Some(FsKind::Dir) {
+        return Ok(());
+    }
+    let shown = fs.host().join(rel);
+    if !fs.read_dir(rel)?.is_empty() {
+        return Err(Error::new(
+            Failure::DriverRootOccupied,
+            format!(
+                "{} is a directory with files in it, not the link to the driver root that this \
+                 installer keeps there; not touched",
+                shown.display()
+            ),
+        )
+        .with_hint(
+            "another installer's driver root? Remove that installer, or move the directory away, then retry",
+        ));
+    }
+    tracing::warn!(
+        "{} was an empty directory (a hostPath of a pod that started before the first install?); \
+         replacing it with the link: restart pods that mounted it to see the driver",
+        shown.display()
+    );
+    fs.remove_all(rel)
 }

@@ -898,3 +898,58 @@ fn fabric_manager_is_placed_into_the_driver_root_and_its_units_stay_in_the_host_
     assert!(message(&doc).contains("Fabric Manager 2.0 does not match driver 1.0"));
     assert_eq!(current_target(&host), root_name);
 }
+
+/// `drivers/current` made a directory before the first install (a pod's
+/// `DirectoryOrCreate` hostPath): empty, the install replaces it with the
+/// link (it failed with EISDIR on every retry); with files in it, the
+/// install refuses with `DriverRootOccupied` and leaves it as it was.
+#[test]
+fn a_directory_where_the_current_link_belongs_is_replaced_if_empty_else_refused() {
+    if skipped_without_root("install refuses otherwise") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let art = tmp.path().join("a");
+    artifact_with_user_space(&art, RELEASE, "1.0");
+
+    let dir = |name: &str| {
+        let d = tmp.path().join(name);
+        fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let host = placement_host(&dir("empty"), "1.0");
+    let current = host.join("var/lib/gpu-driver/drivers/current");
+    fs::create_dir_all(&current).unwrap();
+    let (code, doc) = install(&host, RELEASE, &art);
+    assert_eq!(outcome(code, &doc), (0, Some("AlreadyInstalled")), "{doc}");
+    assert!(current.is_symlink(), "{doc}");
+    assert!(current.join("usr/bin/nvidia-smi").is_file());
+
+    let host = placement_host(&dir("occupied"), "1.0");
+    let current = host.join("var/lib/gpu-driver/drivers/current");
+    fs::create_dir_all(current.join("usr/bin")).unwrap();
+    fs::write(current.join("usr/bin/nvidia-smi"), b"someone else's").unwrap();
+    let (code, doc) = install(&host, RELEASE, &art);
+    assert_eq!(
+        outcome(code, &doc),
+        (14, Some("DriverRootOccupied")),
+        "{doc}"
+    );
+    let msg = message(&doc);
+    assert!(
+        msg.contains("drivers/current is a directory with files in it"),
+        "{msg}"
+    );
+    assert!(msg.contains("move the directory away"), "{msg}");
+    assert_eq!(
+        fs::read(current.join("usr/bin/nvidia-smi")).unwrap(),
+        b"someone else's"
+    );
+    // A second try says the same, rather than failing differently.
+    let (code, doc) = install(&host, RELEASE, &art);
+    assert_eq!(
+        outcome(code, &doc),
+        (14, Some("DriverRootOccupied")),
+        "{doc}"
+    );
+}

@@ -109,6 +109,9 @@ pub enum Reason {
     ModuleUnloadFailed,
     /// Another driver version (or nouveau) is loaded and in use.
     DriverInUse,
+    /// Where the driver root's `current` link belongs there is a directory
+    /// with files in it, which this installer did not make; not touched.
+    DriverRootOccupied,
     /// `install`: Fabric Manager (NVSwitch systems) could not be placed,
     /// or its systemd service could not be started; the message quotes
     /// systemctl's stderr and the service's log tail.
@@ -189,6 +192,7 @@ impl Reason {
         Reason::ModuleLoadFailed,
         Reason::ModuleUnloadFailed,
         Reason::DriverInUse,
+        Reason::DriverRootOccupied,
         Reason::FabricManagerFailed,
         Reason::Verified,
         Reason::CatalogChecked,
@@ -240,6 +244,7 @@ impl Reason {
             | Reason::ModuleLoadFailed
             | Reason::ModuleUnloadFailed
             | Reason::DriverInUse
+            | Reason::DriverRootOccupied
             | Reason::FabricManagerFailed => ReasonClass::Install,
             Reason::VerifyFailed | Reason::CudaCheckFailed => ReasonClass::Verify,
             Reason::TimedOut => ReasonClass::Timeout,
@@ -299,6 +304,7 @@ impl Reason {
             Reason::ModuleLoadFailed => "ModuleLoadFailed",
             Reason::ModuleUnloadFailed => "ModuleUnloadFailed",
             Reason::DriverInUse => "DriverInUse",
+            Reason::DriverRootOccupied => "DriverRootOccupied",
             Reason::FabricManagerFailed => "FabricManagerFailed",
             Reason::Verified => "Verified",
             Reason::CatalogChecked => "CatalogChecked",
@@ -396,7 +402,7 @@ reason_halves! {
         CompilerMissing, CompilerMismatch, InsufficientDisk, ProcNotMounted, KernelApiMismatch,
         BuildFailed, ArtifactNotCached, CacheWriteFailed, NotRoot, ArtifactInvalid,
         VermagicMismatch, ModuleLoadFailed, ModuleUnloadFailed, DriverInUse,
-        FabricManagerFailed, VerifyFailed, CudaCheckFailed, TimedOut, Internal,
+        DriverRootOccupied, FabricManagerFailed, VerifyFailed, CudaCheckFailed, TimedOut, Internal,
 }
 
 impl Failure {
