@@ -447,3 +447,56 @@ fn nvidias_nvidia_smi_refuses_an_nvml_without_its_private_export_table() {
         "{stdout}"
     );
 }
+
+/// A driver root carrying the whole GPU double (its nvidia-smi, NVML and
+/// libcuda, and the profile beside the libraries): verify passes with the
+/// profile's GPU, and fails, naming both counts, when the profile has more
+/// GPUs than detect found on the PCI bus.
+#[test]
+fn verify_passes_on_a_driver_root_carrying_the_gpu_double() {
+    let profile = |gpus: u32| {
+        let mut p = "driver_version = 535.261.03\ncuda_version = 12020\n".to_string();
+        p.push_str(&format!("gpus = {gpus}\n"));
+        for i in 0..gpus {
+            p.push_str(&format!(
+                "gpu{i}.name = Tesla T4\ngpu{i}.uuid = GPU-00000000-0000-0000-0000-00000000000{i}\n\
+                 gpu{i}.memory_total = 16106127360\n"
+            ));
+        }
+        p
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let double = host_support::gpu_double(&tmp.path().join("double"), &profile(1));
+    let host = host(tmp.path(), "exit 99", Some(&double.join("libcuda.so.1")));
+    let root = host.join("var/lib/gpu-driver/drivers/current");
+    fs::remove_file(root.join("usr/bin/nvidia-smi")).unwrap();
+    fs::copy(double.join("nvidia-smi"), root.join("usr/bin/nvidia-smi")).unwrap();
+    for f in ["libnvidia-ml.so.1", "gpu-double.profile"] {
+        fs::copy(double.join(f), root.join(lib_dir()).join(f)).unwrap();
+    }
+    let (code, doc) = run(&host, &[], &[]);
+    assert_eq!(
+        (code, doc["status"]["reason"].as_str()),
+        (0, Some("Verified")),
+        "{doc}"
+    );
+    let gpus = &doc["status"]["gpus"];
+    assert_eq!(gpus[0]["name"], "Tesla T4", "{doc}");
+    assert_eq!(
+        gpus[0]["uuid"], "GPU-00000000-0000-0000-0000-000000000000",
+        "{doc}"
+    );
+    assert_eq!(
+        doc["status"]["cuda"]["devices"][0]["name"], "Tesla T4",
+        "{doc}"
+    );
+
+    fs::write(root.join(lib_dir()).join("gpu-double.profile"), profile(2)).unwrap();
+    let (code, doc) = run(&host, &[], &[]);
+    assert_failed(code, &doc, "VerifyFailed");
+    let msg = message(&doc);
+    assert!(
+        msg.contains("nvidia-smi lists 2 GPU(s), detect found 1 on the PCI bus"),
+        "{msg}"
+    );
+}

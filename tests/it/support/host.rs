@@ -90,13 +90,22 @@ pub fn stub_libcuda(dir: &Path, defines: &[&str]) -> PathBuf {
     stub_library(dir, "libcuda.c", "libcuda.so.1", &defines)
 }
 
-/// The GPU double (`tests/gpu-double/`): its NVML and CUDA libraries
-/// compiled into `dir` (`libnvidia-ml.so.1`, `libcuda.so.1`) with `profile`
-/// beside them as `gpu-double.profile`, where both read it.
+/// The GPU double (`tests/gpu-double/`): its NVML and CUDA libraries and
+/// its nvidia-smi compiled into `dir` (`libnvidia-ml.so.1`, `libcuda.so.1`,
+/// `nvidia-smi`) with `profile` beside them as `gpu-double.profile`, where
+/// the libraries read it.
 #[allow(dead_code)]
 pub fn gpu_double(dir: &Path, profile: &str) -> PathBuf {
     stub_library(dir, "libnvidia-ml.c", "libnvidia-ml.so.1", &[]);
     stub_library(dir, "libcuda.c", "libcuda.so.1", &[]);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu-double/nvidia-smi.c");
+    let st = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(dir.join("nvidia-smi"))
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling {}", src.display());
     fs::write(dir.join("gpu-double.profile"), profile).unwrap();
     dir.to_path_buf()
 }
