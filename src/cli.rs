@@ -694,6 +694,7 @@ fn build_options(g: &GlobalArgs, args: &BuildArgs) -> BuildOptions {
         arch: g.arch.as_deref().and_then(crate::host::CpuArch::parse),
         cache: args.cache.config(args.allow_http),
         no_compile: false,
+        lookup_only: false,
     }
 }
 

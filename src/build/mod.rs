@@ -83,6 +83,9 @@ pub struct BuildOptions {
     /// `run --no-compile`: only the cache may supply the artifact; a build
     /// it does not supply fails (`ArtifactNotCached`) instead of compiling.
     pub no_compile: bool,
+    /// [`look_up_first`]: the source is not fetched yet; stop after the
+    /// cache lookup.
+    pub lookup_only: bool,
 }
 
 impl BuildOptions {
@@ -126,6 +129,26 @@ pub fn build(opts: &BuildOptions) -> BuildResult {
         Ok(None) => step::document(opts.spec(), build_status(opts)),
         Err(e) => build_failed(opts.spec(), e),
     }
+}
+
+/// `run`'s look-up-first: the cache entry for `opts` (the plan knows the
+/// driver version) read before the driver package is downloaded, so that a
+/// node whose artifact is cached downloads nothing else. Read-only: no
+/// lease is taken; a miss goes on to the fetch and the build, which look up
+/// again. `Some` when the lookup decides the step: a verified hit, or, with
+/// `--no-compile`, whatever it found (a miss is `ArtifactNotCached` before
+/// any package byte).
+pub fn look_up_first(opts: &BuildOptions) -> Option<BuildResult> {
+    opts.driver_version.as_ref()?;
+    let mut cache = opts.cache.clone()?;
+    cache.read_only = true;
+    let looked = build(&BuildOptions {
+        cache: Some(cache),
+        lookup_only: true,
+        ..opts.clone()
+    });
+    let hit = looked.status.outcome.reason == crate::report::Reason::Built;
+    (hit || opts.no_compile).then_some(looked)
 }
 
 /// The cache configuration checked, then the running kernel's release
@@ -199,6 +222,11 @@ fn run(
             return Ok(msg);
         }
     }
+    if opts.lookup_only {
+        refuse_compile(opts, cache.as_deref())?;
+        // Not a result anyone sees: look_up_first drops it.
+        return Err(Error::new(Failure::Internal, "not cached; fetch and build"));
+    }
     // Refused before the source is even extracted when the lookup ran.
     if cache
         .as_deref()
@@ -259,7 +287,7 @@ fn check_arguments(opts: &BuildOptions) -> Result<()> {
             ));
         }
     }
-    if fs::symlink_metadata(&opts.source).is_err() {
+    if !opts.lookup_only && fs::symlink_metadata(&opts.source).is_err() {
         return Err(Error::new(
             Failure::InvalidArgument,
             format!("--source {} does not exist", opts.source.display()),

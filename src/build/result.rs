@@ -138,6 +138,9 @@ impl StatusOutcome for BuildStatus {
     fn outcome(&self) -> &Outcome {
         &self.outcome
     }
+    fn bytes_downloaded(&self) -> u64 {
+        self.cache.as_ref().map_or(0, |c| c.bytes_downloaded)
+    }
 }
 
 impl StepStatus for BuildStatus {

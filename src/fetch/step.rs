@@ -56,6 +56,9 @@ impl crate::report::StatusOutcome for FetchStatus {
     fn outcome(&self) -> &crate::report::Outcome {
         &self.outcome
     }
+    fn bytes_downloaded(&self) -> u64 {
+        self.attempts.iter().map(|a| a.bytes).sum()
+    }
 }
 
 /// What to fetch: a URL, its file name, and whatever checksum is known.

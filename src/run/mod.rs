@@ -368,11 +368,34 @@ fn package_request(cfg: &Config, plan: &InstallPlan) -> Result<PackageRequest> {
 /// with the plan's flavor, against installed headers or the headers package
 /// from the OS's repository.
 fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildResult {
+    let source = PathBuf::from(fetched.status.path.clone().unwrap_or_default());
+    match build_options(cfg, plan, source) {
+        Ok(opts) => build::build(&opts),
+        Err(failed) => *failed,
+    }
+}
+
+/// The cache looked up before the package is fetched
+/// ([`build::look_up_first`]): `Some` when that decides the build step.
+fn look_up_first(cfg: &Config, plan: &InstallPlan) -> Option<BuildResult> {
+    match build_options(cfg, plan, PathBuf::new()) {
+        Ok(opts) => build::look_up_first(&opts),
+        // The full path reports it, after the fetch.
+        Err(_) => None,
+    }
+}
+
+/// The build's options for the plan, or the failed step's document.
+fn build_options(
+    cfg: &Config,
+    plan: &InstallPlan,
+    source: PathBuf,
+) -> std::result::Result<BuildOptions, Box<BuildResult>> {
     let st = &plan.status;
     let root = &cfg.root;
     let release = st.kernel_release.clone().unwrap_or_default();
     let mut opts = BuildOptions {
-        source: PathBuf::from(fetched.status.path.clone().unwrap_or_default()),
+        source,
         kernel_release: release.clone(),
         headers: None,
         root: root.clone(),
@@ -385,7 +408,9 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
         arch: st.arch,
         cache: None,
         no_compile: cfg.no_compile,
+        lookup_only: false,
     };
+    let failed = |opts: &BuildOptions, e| Box::new(build::build_failed(opts.spec(), e));
     match cfg.checked_cache() {
         Ok(c) => {
             opts.cache = c.cloned().map(|mut c| {
@@ -393,19 +418,19 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
                 c
             });
         }
-        Err(e) => return build::build_failed(opts.spec(), e),
+        Err(e) => return Err(failed(&opts, e)),
     }
     match cfg.host_dir(BUILD_CACHE) {
         Ok(d) => opts.out_dir = d,
-        Err(e) => return build::build_failed(opts.spec(), e),
+        Err(e) => return Err(failed(&opts, e)),
     }
     if let Some(h) = &st.headers {
         match headers_for(cfg, h, &release, st.arch) {
             Ok(dir) => opts.headers = dir,
-            Err(e) => return build::build_failed(opts.spec(), e),
+            Err(e) => return Err(failed(&opts, e)),
         }
     }
-    build::build(&opts)
+    Ok(opts)
 }
 
 /// The plan's headers: installed ones under the host root, or the OS
@@ -596,10 +621,19 @@ fn plan_fetch_build(
     if !steps.push(Kind::InstallPlan, &plan) {
         return Err(None);
     }
-    let fetched = fetch_step(cfg, Some(&plan));
-    if !steps.push(Kind::FetchResult, &fetched) {
-        return Err(None);
-    }
+    // A cached artifact holds the modules, firmware and user space: on a
+    // hit the driver package (hundreds of MB) is never downloaded.
+    let early = look_up_first(cfg, &plan);
+    let fetched = match early {
+        Some(_) => None,
+        None => {
+            let fetched = fetch_step(cfg, Some(&plan));
+            if !steps.push(Kind::FetchResult, &fetched) {
+                return Err(None);
+            }
+            Some(fetched)
+        }
+    };
     let mut fm = None;
     if let Some(got) = fetch_fabric_manager(cfg, &plan) {
         if !steps.push(Kind::FetchResult, &got) {
@@ -607,7 +641,16 @@ fn plan_fetch_build(
         }
         fm = fabric_manager_archive(&plan, &got);
     }
-    let built = build_step(cfg, &plan, &fetched);
+    let built = match (early, &fetched) {
+        (Some(built), _) => built,
+        (None, Some(fetched)) => build_step(cfg, &plan, fetched),
+        (None, None) => {
+            return Err(Some(Error::new(
+                Failure::Internal,
+                "neither a cache hit nor a fetched package",
+            )));
+        }
+    };
     if !steps.push(Kind::BuildResult, &built) {
         return Err(None);
     }
@@ -675,6 +718,7 @@ impl Steps {
             phase: o.phase,
             reason: o.reason,
             message: o.message.clone(),
+            bytes_downloaded: doc.bytes_downloaded(),
         });
         o.phase == Phase::Succeeded
     }
@@ -716,6 +760,7 @@ impl Steps {
                 outcome,
                 installed: self.installed,
                 built: self.built,
+                bytes_downloaded: self.steps.iter().map(|s| s.bytes_downloaded).sum(),
                 steps: self.steps,
             },
         )

@@ -261,6 +261,7 @@ mod tests {
                 arch: None,
                 cache: None,
                 no_compile: false,
+                lookup_only: false,
             }
             .spec(),
             <build::BuildStatus as crate::step::StepStatus>::unfinished(),

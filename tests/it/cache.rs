@@ -1355,3 +1355,95 @@ fn prebuild_and_install_job_flags_are_checked_before_anything_runs() {
     assert_eq!(r.code, 10);
     assert_eq!(fx.compiles(), 0);
 }
+
+/// Look up first: an install Job whose artifact a build Job stored
+/// downloads the artifact and nothing else (the package server's request
+/// log stays as it was, and the run's `bytesDownloaded` is the artifact's
+/// objects only); one that may not compile and finds no entry fails before
+/// any package byte; one that may compile and misses fetches and builds as
+/// before.
+#[test]
+fn s3_a_node_whose_artifact_is_cached_downloads_only_the_artifact() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let fx = Fixture::new(0);
+    let (packages, sum) = package_server(&fx);
+    let pkg = package_args(&packages, &sum);
+    let url = server.url("cluster-b");
+    let node = fx.node("node");
+    fn pinned(sha: &str) -> Vec<&str> {
+        vec![
+            "--cache-read-only",
+            "--no-compile",
+            "--artifact-sha256",
+            sha,
+        ]
+    }
+
+    let nothing = sha256(b"nothing stored yet");
+    let r = run_s3(&server, run_node(&node, &pkg, &url, &pinned(&nothing)));
+    assert_eq!(r.reason(), "ArtifactNotCached", "{}\n{}", r.doc, r.stderr);
+    assert!(
+        !step_kinds(&r).contains(&"FetchResult".to_string()),
+        "{}",
+        r.doc
+    );
+    assert_eq!(
+        packages.count(),
+        0,
+        "a --no-compile miss downloaded the package"
+    );
+
+    let a = run_s3(&server, prebuild(&fx, &pkg, &url, &[]));
+    assert_eq!(a.reason(), "Built", "{}\n{}", a.doc, a.stderr);
+    let sha = a.doc["status"]["built"]["artifactSha256"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let after_build = packages.count();
+    assert!(after_build > 0);
+    assert!(
+        a.doc["status"]["bytesDownloaded"].as_u64().unwrap() > 0,
+        "{}",
+        a.doc
+    );
+
+    let r = run_s3(&server, run_node(&node, &pkg, &url, &pinned(&sha)));
+    let kinds = step_kinds(&r);
+    assert!(!kinds.contains(&"FetchResult".to_string()), "{kinds:?}");
+    let build = step(&r, "BuildResult");
+    assert_eq!(
+        build["status"]["cache"]["outcome"], "Hit",
+        "{build}\n{}",
+        r.stderr
+    );
+    assert_eq!(packages.count(), after_build, "{:?}", packages.log());
+    let cache_bytes = build["status"]["cache"]["bytesDownloaded"]
+        .as_u64()
+        .unwrap();
+    assert!(cache_bytes > 0, "{build}");
+    assert_eq!(r.doc["status"]["bytesDownloaded"], cache_bytes, "{}", r.doc);
+    assert_eq!(fx.compiles(), 1);
+
+    // Allowed to compile and missing (another digest pinned): fetched (from
+    // the store's package copy, which the build Job left) and built as
+    // before the lookup came first.
+    let r = run_s3(
+        &server,
+        run_node(
+            &node,
+            &pkg,
+            &url,
+            &["--cache-read-only", "--artifact-sha256", &sha256(b"x")],
+        ),
+    );
+    assert_eq!(
+        step(&r, "FetchResult")["status"]["reason"],
+        "Fetched",
+        "{}",
+        r.stderr
+    );
+    assert_eq!(step(&r, "BuildResult")["status"]["reason"], "Built");
+    assert_eq!(fx.compiles(), 2);
+}

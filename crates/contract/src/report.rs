@@ -87,17 +87,29 @@ impl<Spec, Status> Document<Spec, Status> {
 /// Anything that ends a command as a result document.
 pub trait ResultDocument: Serialize {
     fn outcome(&self) -> &Outcome;
+    /// Bytes this step received over the network (0 for steps that
+    /// download nothing).
+    fn bytes_downloaded(&self) -> u64 {
+        0
+    }
 }
 
 /// A document's `status`, which carries its outcome: every
 /// `Document<Spec, Status>` of such a status is a [`ResultDocument`].
 pub trait StatusOutcome {
     fn outcome(&self) -> &Outcome;
+    /// See [`ResultDocument::bytes_downloaded`].
+    fn bytes_downloaded(&self) -> u64 {
+        0
+    }
 }
 
 impl<Spec: Serialize, Status: StatusOutcome + Serialize> ResultDocument for Document<Spec, Status> {
     fn outcome(&self) -> &Outcome {
         self.status.outcome()
+    }
+    fn bytes_downloaded(&self) -> u64 {
+        self.status.bytes_downloaded()
     }
 }
 

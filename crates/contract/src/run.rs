@@ -42,6 +42,14 @@ pub struct Step {
     pub phase: Phase,
     pub reason: Reason,
     pub message: String,
+    /// Bytes the step received over the network (a fetch's package, a
+    /// build's cache objects); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_downloaded: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -59,6 +67,10 @@ pub struct RunStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub built: Option<BuiltArtifact>,
     pub steps: Vec<Step>,
+    /// The steps' `bytesDownloaded` summed: on a node whose artifact is
+    /// cached, the artifact's size and nothing else.
+    #[serde(default)]
+    pub bytes_downloaded: u64,
 }
 
 impl RunStatus {
@@ -70,6 +82,7 @@ impl RunStatus {
             installed: None,
             built: None,
             steps: Vec::new(),
+            bytes_downloaded: 0,
         }
     }
 }
