@@ -377,7 +377,7 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
 
 /// The cache looked up before the package is fetched
 /// ([`build::look_up_first`]): `Some` when that decides the build step.
-fn look_up_first(cfg: &Config, plan: &InstallPlan) -> Option<BuildResult> {
+pub(crate) fn look_up_first(cfg: &Config, plan: &InstallPlan) -> Option<BuildResult> {
     match build_options(cfg, plan, PathBuf::new()) {
         Ok(opts) => build::look_up_first(&opts),
         // The full path reports it, after the fetch.

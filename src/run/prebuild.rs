@@ -3,7 +3,7 @@
 
 use super::{
     BuiltArtifact, Config, PrebuildTarget, RunResult, RunSpec, Steps, build_step, fetch_step,
-    resolve_with,
+    look_up_first, resolve_with,
 };
 use crate::build::BuildResult;
 use crate::catalog::Catalog;
@@ -51,11 +51,18 @@ pub fn prebuild(cfg: &Config, os_id: &str, os_version: &str) -> RunResult {
     if !steps.push(Kind::InstallPlan, &plan) {
         return steps.finish(spec);
     }
-    let fetched = fetch_step(cfg, Some(&plan));
-    if !steps.push(Kind::FetchResult, &fetched) {
-        return steps.finish(spec);
-    }
-    let built = build_step(cfg, &plan, &fetched);
+    // The target already in the store: a hit without downloading the
+    // package (a second build Job of the key, or an entry put there first).
+    let built = match look_up_first(cfg, &plan) {
+        Some(hit) => hit,
+        None => {
+            let fetched = fetch_step(cfg, Some(&plan));
+            if !steps.push(Kind::FetchResult, &fetched) {
+                return steps.finish(spec);
+            }
+            build_step(cfg, &plan, &fetched)
+        }
+    };
     if !steps.push(Kind::BuildResult, &built) {
         return steps.finish(spec);
     }

@@ -1409,6 +1409,12 @@ fn s3_a_node_whose_artifact_is_cached_downloads_only_the_artifact() {
         a.doc
     );
 
+    // A second build Job of the key: a hit, without the package either.
+    let b = run_s3(&server, prebuild(&fx, &pkg, &url, &[]));
+    assert_eq!(b.reason(), "Built", "{}\n{}", b.doc, b.stderr);
+    assert_eq!(step_kinds(&b), ["InstallPlan", "BuildResult"], "{}", b.doc);
+    assert_eq!(packages.count(), after_build, "{:?}", packages.log());
+
     let r = run_s3(&server, run_node(&node, &pkg, &url, &pinned(&sha)));
     let kinds = step_kinds(&r);
     assert!(!kinds.contains(&"FetchResult".to_string()), "{kinds:?}");
