@@ -19,6 +19,7 @@
 #include "profile.h" /* first: it defines _GNU_SOURCE */
 
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int nvmlReturn_t;
@@ -31,6 +32,8 @@ typedef struct gd_gpu *nvmlDevice_t;
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_TIMEOUT 10
+#define NVML_ERROR_UNKNOWN 999
 
 typedef struct {
     unsigned long long total, free, used;
@@ -360,6 +363,75 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned i
     return processes(d, count, infos, 0);
 }
 
+/*
+ * Events: a GPU of the double supports XID critical error events
+ * (nvmlEventTypeXidCriticalError) and never raises one, so a wait times
+ * out as on a healthy GPU. ECC, power and clock events are not modelled.
+ * NVIDIA's device plugin health-checks its GPUs this way.
+ */
+#define nvmlEventTypeXidCriticalError 0x0000000000000008ULL
+
+typedef struct nvmlEventSet_st {
+    unsigned long long registered;
+} *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    if (!initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *set = calloc(1, sizeof **set);
+    return *set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    if (!initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    free(set);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types)
+{
+    if (!gpu(d) || !types)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *types = nvmlEventTypeXidCriticalError;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set)
+{
+    if (!gpu(d) || !set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (types & ~nvmlEventTypeXidCriticalError)
+        return NVML_ERROR_NOT_SUPPORTED;
+    set->registered |= types;
+    return NVML_SUCCESS;
+}
+
+/* No event ever arrives: waits `timeoutms` (a signal may end the wait
+ * early, as nvml.h allows), then NVML_ERROR_TIMEOUT. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    struct timespec t = {timeoutms / 1000, (long)(timeoutms % 1000) * 1000000L};
+    if (!initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nanosleep(&t, NULL);
+    return NVML_ERROR_TIMEOUT;
+}
+
 static const struct {
     nvmlReturn_t code;
     const char *text;
@@ -371,6 +443,7 @@ static const struct {
     {NVML_ERROR_NOT_FOUND, "Not Found"},
     {NVML_ERROR_INSUFFICIENT_SIZE, "Insufficient Size"},
     {NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"},
+    {NVML_ERROR_TIMEOUT, "Timeout"},
 };
 
 const char *nvmlErrorString(nvmlReturn_t result)

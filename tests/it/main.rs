@@ -13,6 +13,7 @@ mod chart;
 mod cli;
 mod cluster;
 mod cuda;
+mod device_plugin;
 mod exporter;
 mod extract;
 mod fetch;
