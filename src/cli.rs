@@ -230,6 +230,11 @@ pub struct RunArgs {
     /// used (with --no-compile: ChecksumMismatch).
     #[arg(long, value_name = "HEX")]
     pub artifact_sha256: Option<String>,
+    /// The cache entry the build Job stored it in (its
+    /// status.built.cacheKey): read directly, so the node needs neither
+    /// kernel headers nor a compiler on a hit. Needs --artifact-sha256.
+    #[arg(long, value_name = "PATH")]
+    pub cache_entry: Option<String>,
     #[command(flatten)]
     pub fetch: FetchArgs,
 }
@@ -597,6 +602,7 @@ fn execute_step(g: &GlobalArgs, command: &Command) -> Result<u8> {
             cfg.nvidia_smi = args.nvidia_smi.clone();
             cfg.no_compile = args.no_compile;
             cfg.artifact_sha256 = args.artifact_sha256.clone();
+            cfg.cache_entry = args.cache_entry.clone();
             deliver(g, Kind::RunResult, &run::run(&cfg))
         }
         Command::Prebuild(args) => {

@@ -214,6 +214,18 @@ fn run(
 ) -> Result<String> {
     check_arguments(opts)?;
     let _work_lock = claim_work_dir(&opts.work_dir())?;
+    // A build Job named the entry: no headers or compiler to compute a key.
+    if let (true, Some(session), Some(dv)) = (
+        opts.lookup_only,
+        cache.as_deref_mut().filter(|s| s.pinned_entry().is_some()),
+        &opts.driver_version,
+    ) {
+        if let Some(msg) = restore_pinned(session, opts, dv, status)? {
+            return Ok(msg);
+        }
+        refuse_compile(opts, Some(&*session))?;
+        return Err(Error::new(Failure::Internal, "not cached; fetch and build"));
+    }
     let pre = preflight(opts, status)?;
     // With the driver version known up front (`run` knows it from the
     // plan), a cache hit skips extraction and compile alike.
@@ -296,6 +308,42 @@ fn check_arguments(opts: &BuildOptions) -> Result<()> {
     Ok(())
 }
 
+/// The entry a build Job named (`--cache-entry`), for the plan's target:
+/// on a hit the verified artifact is in place and the message returned.
+fn restore_pinned(
+    session: &mut crate::cache::Session,
+    opts: &BuildOptions,
+    driver_version: &str,
+    status: &mut BuildStatus,
+) -> Result<Option<String>> {
+    let arch = match opts.arch {
+        Some(a) => a,
+        None => crate::host::running_arch()?,
+    };
+    let release = opts.kernel_release.as_str();
+    let Some(dir) = session.pinned_entry().map(str::to_string) else {
+        return Ok(None);
+    };
+    let target = crate::cache::CacheKey::new(arch, release, driver_version, opts.flavor, "");
+    fs::create_dir_all(&opts.out_dir)
+        .map_err(|e| Error::io(LOCAL_IO, "creating", &opts.out_dir, e))?;
+    let artifact = opts
+        .out_dir
+        .join(artifact::file_name(driver_version, opts.flavor, release));
+    let Some(entry) = session.lookup_entry(&dir, target, &artifact) else {
+        return Ok(None);
+    };
+    status.arch = Some(arch);
+    Ok(Some(restored(
+        session,
+        opts,
+        driver_version,
+        &entry,
+        &artifact,
+        status,
+    )))
+}
+
 /// Looks the build up in the cache; on a hit the verified artifact is in
 /// place, `status` describes it, and the message is returned.
 fn restore_from_cache(
@@ -317,6 +365,26 @@ fn restore_from_cache(
         .out_dir
         .join(artifact::file_name(driver_version, opts.flavor, release));
     let entry = session.lookup(key, &artifact)?;
+    Some(restored(
+        session,
+        opts,
+        driver_version,
+        &entry,
+        &artifact,
+        status,
+    ))
+}
+
+/// `status` for the restored `entry` at `artifact`, and the message.
+fn restored(
+    session: &crate::cache::Session,
+    opts: &BuildOptions,
+    driver_version: &str,
+    entry: &crate::cache::StoredEntry,
+    artifact: &Path,
+    status: &mut BuildStatus,
+) -> String {
+    let release = opts.kernel_release.as_str();
     status.driver_version = Some(driver_version.to_string());
     status.artifact = Some(artifact.display().to_string());
     status.artifact_sha256 = Some(entry.artifact_sha256.clone());
@@ -338,7 +406,7 @@ fn restore_from_cache(
             sha256: m.sha256.clone(),
         })
         .collect();
-    Some(format!(
+    format!(
         "restored {} modules of NVIDIA {driver_version} ({}) for kernel {release} from the cache {} ({} bytes, every sha256 verified; built by {} at {}) into {}; nothing compiled",
         status.modules.len(),
         opts.flavor,
@@ -347,7 +415,7 @@ fn restore_from_cache(
         entry.stored_by,
         entry.stored_at,
         artifact.display()
-    ))
+    )
 }
 
 /// Removes the extracted tree and staging area when the build ends, however

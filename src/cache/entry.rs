@@ -46,6 +46,17 @@ impl CacheKey {
         }
     }
 
+    /// The same target: everything but the compiler. An entry a build Job
+    /// named (`--cache-entry`) was built with that Job's image's compiler,
+    /// which an install Job neither has nor needs.
+    pub fn same_target(&self, other: &CacheKey) -> bool {
+        self.arch == other.arch
+            && self.kernel_release == other.kernel_release
+            && self.driver_version == other.driver_version
+            && self.flavor == other.flavor
+            && self.format == other.format
+    }
+
     /// The entry's directory under the store's prefix. The compiler string
     /// (spaces, parentheses) is hashed; the entry's manifest holds it whole.
     pub fn path(&self) -> String {
@@ -100,10 +111,28 @@ impl Found {
     }
 }
 
+/// What an entry's key must be.
+#[derive(Clone, Copy)]
+pub(super) enum Wanted<'a> {
+    /// Exactly this key: a lookup by the key computed here.
+    Key(&'a CacheKey),
+    /// This target, whatever compiler built it: an entry a build Job named.
+    Target(&'a CacheKey),
+}
+
+impl Wanted<'_> {
+    fn accepts(&self, key: &CacheKey) -> bool {
+        match self {
+            Wanted::Key(k) => *k == key,
+            Wanted::Target(k) => k.same_target(key),
+        }
+    }
+}
+
 /// Reads and verifies the entry; on success the artifact is at `artifact`.
 pub(super) fn read_entry(
     store: &Store,
-    key: &CacheKey,
+    key: Wanted<'_>,
     dir: &str,
     artifact: &Path,
     expected_sha256: Option<&str>,
@@ -127,7 +156,7 @@ pub(super) fn read_entry(
             ));
         }
     };
-    if &entry.key != key {
+    if !key.accepts(&entry.key) {
         return Found::corrupt(format!(
             "manifest.json is for another key ({:?})",
             entry.key

@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 pub use entry::{CacheKey, StoredEntry};
 pub use mirror::fetch_with_mirror;
 pub use session::Session;
-pub use store::{CacheConfig, check_sha256_flag};
+pub use store::{CacheConfig, check_entry_flag, check_sha256_flag};
 
 /// The layout and entry format of the cache. Bumped when either changes
 /// (the build manifest's own version is part of the key as well), so that

@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use object_store::{PutMode, UpdateVersion};
 use serde::{Deserialize, Serialize};
 
-use super::entry::{CacheKey, Found, StoredEntry, read_entry};
+use super::entry::{CacheKey, Found, StoredEntry, Wanted, read_entry};
 use super::store::{CacheConfig, Store, StoreResult, describe, is_conflict};
 use super::{CacheOutcome, CacheStatus, LEASE_SETTLE};
 use crate::artifact::Manifest;
@@ -151,7 +151,7 @@ impl Session {
         // Without a store (it could not be opened) there is nothing to look up.
         self.store.as_ref()?;
         if self.cfg.read_only {
-            return self.lookup_read_only(&key, &dir, artifact);
+            return self.lookup_read_only(Wanted::Key(&key), &dir, artifact);
         }
         let mut wait = Waiting {
             start: Instant::now(),
@@ -204,7 +204,14 @@ impl Session {
             return ControlFlow::Break(None);
         };
         let expected = self.cfg.expected_sha256.as_deref();
-        match read_entry(store, key, dir, artifact, expected, &mut self.status) {
+        match read_entry(
+            store,
+            Wanted::Key(key),
+            dir,
+            artifact,
+            expected,
+            &mut self.status,
+        ) {
             Found::Hit(entry) => {
                 self.status.outcome = CacheOutcome::Hit;
                 if let Some(owner) = &wait.waited_for {
@@ -286,9 +293,33 @@ impl Session {
 
     /// `--cache-read-only`: one read of the entry; no lease, no waiting
     /// for another builder's, and nothing is ever written.
+    /// `--cache-entry`, when given.
+    pub fn pinned_entry(&self) -> Option<&str> {
+        self.cfg.entry.as_deref()
+    }
+
+    /// The entry a build Job named (`--cache-entry`, its
+    /// `status.built.cacheKey`), read-only: no key is computed here (so no
+    /// headers or compiler are needed), but the entry's key must be
+    /// `target`'s, whatever compiler built it, and its artifact the
+    /// expected sha256.
+    pub fn lookup_entry(
+        &mut self,
+        dir: &str,
+        target: CacheKey,
+        artifact: &Path,
+    ) -> Option<StoredEntry> {
+        let t = Instant::now();
+        self.status.key = Some(dir.to_string());
+        self.key = Some(target.clone());
+        let found = self.lookup_read_only(Wanted::Target(&target), dir, artifact);
+        self.seconds += t.elapsed().as_secs_f64();
+        found
+    }
+
     fn lookup_read_only(
         &mut self,
-        key: &CacheKey,
+        key: Wanted<'_>,
         dir: &str,
         artifact: &Path,
     ) -> Option<StoredEntry> {

@@ -33,6 +33,10 @@ pub struct CacheConfig {
     /// be used (what the build Job stored); another is refused before it
     /// is downloaded. Lowercase hex.
     pub expected_sha256: Option<String>,
+    /// `--cache-entry`: the entry a build Job stored (its
+    /// `status.built.cacheKey`), read directly instead of one computed
+    /// from the headers and the compiler. Needs `expected_sha256`.
+    pub entry: Option<String>,
 }
 
 impl CacheConfig {
@@ -45,6 +49,7 @@ impl CacheConfig {
             poll: Duration::from_millis(DEFAULT_POLL_MS),
             read_only: false,
             expected_sha256: None,
+            entry: None,
         }
     }
 
@@ -55,6 +60,9 @@ impl CacheConfig {
         parse_url(&self.url).map(|_| ())?;
         if let Some(sha) = &self.expected_sha256 {
             check_sha256_flag(sha)?;
+        }
+        if let Some(entry) = &self.entry {
+            check_entry_flag(entry, self.expected_sha256.is_some())?;
         }
         let scheme = self.url.split(':').next().unwrap_or_default();
         if scheme == "s3" && !self.allow_http {
@@ -72,6 +80,33 @@ impl CacheConfig {
         }
         Ok(())
     }
+}
+
+/// `--cache-entry` names an entry under the store's `artifacts/`, in the
+/// characters keys are made of, and comes with the sha256 it must hold.
+pub fn check_entry_flag(entry: &str, pinned: bool) -> Result<()> {
+    let parts: Vec<&str> = entry.split('/').collect();
+    let plain = |p: &&str| {
+        !p.is_empty()
+            && *p != "."
+            && *p != ".."
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._+~-".contains(c))
+    };
+    if parts.first() != Some(&"artifacts") || parts.len() < 3 || !parts.iter().all(plain) {
+        return Err(Error::new(
+            Failure::InvalidArgument,
+            format!("--cache-entry {entry:?} is not an entry of the cache (artifacts/v…/<arch>/<kernel>/<driver>/<flavor>/cc-…)"),
+        )
+        .with_hint("pass a build Job's status.built.cacheKey as it is"));
+    }
+    if !pinned {
+        return Err(Error::new(
+            Failure::InvalidArgument,
+            "--cache-entry without --artifact-sha256: an entry is used only with the sha256 its build Job reported",
+        ));
+    }
+    Ok(())
 }
 
 /// `--artifact-sha256` must be a sha256: 64 hex digits.

@@ -63,6 +63,8 @@ pub struct Config {
     pub no_compile: bool,
     /// `--artifact-sha256`: the only cached artifact the build step may use.
     pub artifact_sha256: Option<String>,
+    /// `--cache-entry`: the entry a build Job stored it in.
+    pub cache_entry: Option<String>,
     pub load: LoadSettings,
     /// nvidia-smi for the verify step.
     pub nvidia_smi: Option<PathBuf>,
@@ -115,6 +117,7 @@ impl Config {
             artifact: None,
             no_compile: false,
             artifact_sha256: None,
+            cache_entry: None,
             load: LoadSettings {
                 drm: false,
                 ..LoadSettings::default()
@@ -369,7 +372,7 @@ fn package_request(cfg: &Config, plan: &InstallPlan) -> Result<PackageRequest> {
 /// from the OS's repository.
 fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildResult {
     let source = PathBuf::from(fetched.status.path.clone().unwrap_or_default());
-    match build_options(cfg, plan, source) {
+    match build_options(cfg, plan, source, true) {
         Ok(opts) => build::build(&opts),
         Err(failed) => *failed,
     }
@@ -377,8 +380,10 @@ fn build_step(cfg: &Config, plan: &InstallPlan, fetched: &FetchResult) -> BuildR
 
 /// The cache looked up before the package is fetched
 /// ([`build::look_up_first`]): `Some` when that decides the build step.
+/// An entry a build Job named needs no headers, so none are looked for.
 pub(crate) fn look_up_first(cfg: &Config, plan: &InstallPlan) -> Option<BuildResult> {
-    match build_options(cfg, plan, PathBuf::new()) {
+    let headers = cfg.cache_entry.is_none();
+    match build_options(cfg, plan, PathBuf::new(), headers) {
         Ok(opts) => build::look_up_first(&opts),
         // The full path reports it, after the fetch.
         Err(_) => None,
@@ -390,6 +395,7 @@ fn build_options(
     cfg: &Config,
     plan: &InstallPlan,
     source: PathBuf,
+    with_headers: bool,
 ) -> std::result::Result<BuildOptions, Box<BuildResult>> {
     let st = &plan.status;
     let root = &cfg.root;
@@ -415,6 +421,7 @@ fn build_options(
         Ok(c) => {
             opts.cache = c.cloned().map(|mut c| {
                 c.expected_sha256 = cfg.artifact_sha256.as_ref().map(|s| s.to_ascii_lowercase());
+                c.entry = cfg.cache_entry.clone();
                 c
             });
         }
@@ -424,7 +431,7 @@ fn build_options(
         Ok(d) => opts.out_dir = d,
         Err(e) => return Err(failed(&opts, e)),
     }
-    if let Some(h) = &st.headers {
+    if let Some(h) = st.headers.as_ref().filter(|_| with_headers) {
         match headers_for(cfg, h, &release, st.arch) {
             Ok(dir) => opts.headers = dir,
             Err(e) => return Err(failed(&opts, e)),
@@ -579,8 +586,8 @@ pub fn run(cfg: &Config) -> RunResult {
     steps.finish(spec)
 }
 
-/// `--no-compile` and `--artifact-sha256` are about the cache: without
-/// one they could never be honoured.
+/// `--no-compile`, `--artifact-sha256` and `--cache-entry` are about the
+/// cache: without one they could never be honoured.
 fn check_install_flags(cfg: &Config) -> Result<()> {
     if let Some(sha) = &cfg.artifact_sha256 {
         crate::cache::check_sha256_flag(sha)?;
@@ -588,6 +595,15 @@ fn check_install_flags(cfg: &Config) -> Result<()> {
             return Err(Error::new(
                 Failure::InvalidArgument,
                 "--artifact-sha256 is the expected sha256 of the cached artifact, and there is no --cache-url",
+            ));
+        }
+    }
+    if let Some(entry) = &cfg.cache_entry {
+        crate::cache::check_entry_flag(entry, cfg.artifact_sha256.is_some())?;
+        if cfg.cache.is_none() {
+            return Err(Error::new(
+                Failure::InvalidArgument,
+                "--cache-entry names an entry of the artifact cache, and there is no --cache-url",
             ));
         }
     }

@@ -160,6 +160,14 @@ impl Fixture {
         host
     }
 
+    /// A node without kernel headers (as a Garden Linux node: they are in
+    /// the builder image only).
+    fn bare_node(&self, name: &str) -> PathBuf {
+        let host = self.node(name);
+        fs::remove_dir_all(host.join(format!("usr/src/linux-headers-{REL}"))).unwrap();
+        host
+    }
+
     fn compiles(&self) -> usize {
         fs::read_to_string(&self.counter)
             .map(|s| s.lines().count())
@@ -1315,6 +1323,38 @@ fn prebuild_and_install_job_flags_are_checked_before_anything_runs() {
             vec!["run", "--artifact-sha256", &any_sha],
             "there is no --cache-url",
         ),
+        (
+            vec![
+                "run",
+                "--cache-url",
+                &url,
+                "--cache-entry",
+                "artifacts/v1.1/x86_64/k",
+            ],
+            "without --artifact-sha256",
+        ),
+        (
+            vec![
+                "run",
+                "--cache-url",
+                &url,
+                "--artifact-sha256",
+                &any_sha,
+                "--cache-entry",
+                "artifacts/../../etc",
+            ],
+            "is not an entry of the cache",
+        ),
+        (
+            vec![
+                "run",
+                "--artifact-sha256",
+                &any_sha,
+                "--cache-entry",
+                "artifacts/v1/x/k",
+            ],
+            "there is no --cache-url",
+        ),
     ];
     for (args, says) in cases {
         let mut c = bin();
@@ -1431,6 +1471,45 @@ fn s3_a_node_whose_artifact_is_cached_downloads_only_the_artifact() {
     assert!(cache_bytes > 0, "{build}");
     assert_eq!(r.doc["status"]["bytesDownloaded"], cache_bytes, "{}", r.doc);
     assert_eq!(fx.compiles(), 1);
+
+    // Named by the build Job (`--cache-entry`): a node without headers
+    // (and so without a key of its own) installs the same artifact.
+    let bare = fx.bare_node("bare");
+    let entry = a.doc["status"]["built"]["cacheKey"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut named = pinned(&sha);
+    named.extend(["--cache-entry", &entry]);
+    let r = run_s3(&server, run_node(&bare, &pkg, &url, &named));
+    let build = step(&r, "BuildResult");
+    assert_eq!(
+        build["status"]["cache"]["outcome"], "Hit",
+        "{build}\n{}",
+        r.stderr
+    );
+    assert_eq!(build["status"]["artifactSha256"], sha.as_str(), "{build}");
+    assert!(build["status"].get("headers").is_none(), "{build}");
+    assert!(
+        !step_kinds(&r).contains(&"FetchResult".to_string()),
+        "{}",
+        r.doc
+    );
+    assert_eq!(step_kinds(&r).last().unwrap(), "InstallResult", "{}", r.doc);
+    assert_eq!(packages.count(), after_build, "{:?}", packages.log());
+    // Without it, the same node has no key: it falls back to fetching.
+    let r = run_s3(&server, run_node(&bare, &pkg, &url, &pinned(&sha)));
+    assert!(
+        step_kinds(&r).contains(&"FetchResult".to_string()),
+        "{}",
+        r.doc
+    );
+    assert_ne!(
+        step(&r, "BuildResult")["status"]["reason"],
+        "Built",
+        "{}",
+        r.doc
+    );
 
     // Allowed to compile and missing (another digest pinned): fetched (from
     // the store's package copy, which the build Job left) and built as

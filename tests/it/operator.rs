@@ -1171,6 +1171,13 @@ fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
         args.contains(&format!("--cache-read-only --artifact-sha256 {sha_a}")),
         "{args}"
     );
+    // The entry the build Job named, so the node needs no headers.
+    assert!(
+        args.contains(
+            "--cache-entry artifacts/v1.1/x86_64/6.6.70-cloud-amd64/580.95.05/open/cc-0123456789abcdef"
+        ),
+        "{args}"
+    );
     assert!(!args.contains("--no-compile"), "{args}");
     assert_eq!(jobs_of(&c, "build").len(), 1, "one build per target");
 

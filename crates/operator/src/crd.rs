@@ -432,6 +432,11 @@ pub struct TargetStatus {
     /// Jobs refuse any other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_sha256: Option<String>,
+    /// The store entry holding it (the build Job's `status.built.cacheKey`):
+    /// install Jobs read it directly (`--cache-entry`), without headers or a
+    /// compiler of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_entry: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

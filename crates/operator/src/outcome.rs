@@ -32,6 +32,8 @@ pub struct PodResult {
 pub struct BuiltArtifact {
     pub artifact_sha256: String,
     pub driver_version: Option<String>,
+    /// The entry it is stored in (`cacheKey`), when the result names one.
+    pub cache_key: Option<String>,
 }
 
 /// `status.built`, read loosely (also from the compact copy, which keeps
@@ -44,6 +46,10 @@ fn built_of(value: &serde_json::Value) -> Option<BuiltArtifact> {
         artifact_sha256: sha.to_ascii_lowercase(),
         driver_version: b
             .get("driverVersion")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
+        cache_key: b
+            .get("cacheKey")
             .and_then(|v| v.as_str())
             .map(str::to_string),
     })

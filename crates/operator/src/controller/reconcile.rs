@@ -127,17 +127,20 @@ async fn install(
     }
     let ns = ctx.opts.namespace.clone();
     let mut req = JobRequest::node_job(JobRole::Install, job, &ns, &f.name, image, key);
-    let expect: String;
+    let (expect, pinned): (String, String);
     match gate(ctx, gd, &f).await? {
         (
             Gate::Go {
                 expect_sha256,
+                entry,
                 compile,
             },
             _,
         ) => {
             expect = expect_sha256.unwrap_or_default();
+            pinned = entry.unwrap_or_default();
             req.expect_sha256 = Some(expect.as_str()).filter(|e| !e.is_empty());
+            req.cache_entry = Some(pinned.as_str()).filter(|e| !e.is_empty());
             req.compile = compile;
         }
         (Gate::Wait, _) => return Ok(Action::requeue(Duration::from_secs(60))),

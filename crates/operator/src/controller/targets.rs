@@ -98,6 +98,7 @@ fn settled(gd: &GpuDriver, rec: &TargetStatus, now_unix: i64) -> Option<TargetPh
     if rec.phase == BuildPhase::Cached {
         return rec.artifact_sha256.as_ref().map(|sha| TargetPhase::Cached {
             sha256: sha.clone(),
+            entry: rec.cache_entry.clone(),
         });
     }
     if rec.phase != BuildPhase::Failed {
@@ -196,6 +197,7 @@ async fn build_finished(
         let sha = b.artifact_sha256.clone();
         rec.phase = BuildPhase::Cached;
         rec.artifact_sha256 = Some(sha.clone());
+        rec.cache_entry = b.cache_key.clone();
         rec.driver_version = b.driver_version.clone();
         rec.reason = None;
         rec.message = None;
@@ -210,7 +212,10 @@ async fn build_finished(
             ctx.gd_event(gd, EventType::Normal, "ArtifactBuilt", note)
                 .await;
         }
-        return TargetPhase::Cached { sha256: sha };
+        return TargetPhase::Cached {
+            sha256: sha,
+            entry: b.cache_key.clone(),
+        };
     }
     let (reason, message) = failure_of(
         result.as_ref(),

@@ -100,9 +100,11 @@ pub(crate) enum TargetPhase {
     /// No build Job yet: waiting for a slot under `build.maxParallel`.
     Pending,
     Building,
-    /// In the store, with the sha256 the build Job reported.
+    /// In the store, with the sha256 the build Job reported and the entry
+    /// it stored it in (install Jobs read that entry directly).
     Cached {
         sha256: String,
+        entry: Option<String>,
     },
     /// The last build failed; the next one is due in `retry_in` seconds.
     Failed {
@@ -115,10 +117,11 @@ pub(crate) enum TargetPhase {
 /// May the node's install Job start, and how?
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Gate {
-    /// Start it. `expect_sha256`: the artifact it must find in the cache;
-    /// `compile`: whether it may compile on a miss.
+    /// Start it. `expect_sha256`: the artifact it must find in the cache,
+    /// in the store's `entry`; `compile`: whether it may compile on a miss.
     Go {
         expect_sha256: Option<String>,
+        entry: Option<String>,
         compile: bool,
     },
     /// The target's build Job has not finished.
@@ -134,14 +137,16 @@ pub(crate) fn install_gate(spec: &GpuDriverSpec, phase: Option<&TargetPhase>) ->
         // No store to build into: the node compiles, as without build Jobs.
         return Gate::Go {
             expect_sha256: None,
+            entry: None,
             compile: true,
         };
     }
     let compile = spec.build.compile_on_node;
     match phase {
         Some(TargetPhase::Pending | TargetPhase::Building) => Gate::Wait,
-        Some(TargetPhase::Cached { sha256 }) => Gate::Go {
+        Some(TargetPhase::Cached { sha256, entry }) => Gate::Go {
             expect_sha256: Some(sha256.clone()),
+            entry: entry.clone(),
             compile,
         },
         Some(TargetPhase::Failed {
@@ -161,6 +166,7 @@ pub(crate) fn install_gate(spec: &GpuDriverSpec, phase: Option<&TargetPhase>) ->
         },
         Some(TargetPhase::Failed { .. }) | None => Gate::Go {
             expect_sha256: None,
+            entry: None,
             compile: true,
         },
     }
@@ -211,6 +217,7 @@ mod tests {
             install_gate(&s, Some(&TargetPhase::Building)),
             Gate::Go {
                 expect_sha256: None,
+                entry: None,
                 compile: true
             }
         );
@@ -221,13 +228,16 @@ mod tests {
         assert_eq!(install_gate(&s, Some(&TargetPhase::Pending)), Gate::Wait);
         assert_eq!(install_gate(&s, Some(&TargetPhase::Building)), Gate::Wait);
         let sha = "ab".repeat(32);
+        let entry = Some("artifacts/v1.1/x86_64/k/580.95.05/open/cc-0123456789abcdef".to_string());
         let cached = TargetPhase::Cached {
             sha256: sha.clone(),
+            entry: entry.clone(),
         };
         assert_eq!(
             install_gate(&s, Some(&cached)),
             Gate::Go {
                 expect_sha256: Some(sha.clone()),
+                entry: entry.clone(),
                 compile: true
             }
         );
@@ -241,6 +251,7 @@ mod tests {
             install_gate(&s, Some(&failed)),
             Gate::Go {
                 expect_sha256: None,
+                entry: None,
                 compile: true
             }
         );
@@ -254,6 +265,7 @@ mod tests {
             install_gate(&s, Some(&cached)),
             Gate::Go {
                 expect_sha256: Some(sha),
+                entry,
                 compile: false
             }
         );

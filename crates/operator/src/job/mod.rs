@@ -58,6 +58,8 @@ pub struct JobRequest<'a> {
     pub key: &'a str,
     /// Install: the sha256 the cached artifact must have (the build Job's).
     pub expect_sha256: Option<&'a str>,
+    /// The store entry holding it (`--cache-entry`).
+    pub cache_entry: Option<&'a str>,
     /// Install: may the node compile when the cache cannot serve it?
     pub compile: bool,
     /// Build: what to build for.
@@ -82,6 +84,7 @@ impl<'a> JobRequest<'a> {
             image,
             key,
             expect_sha256: None,
+            cache_entry: None,
             compile: true,
             target: None,
         }
@@ -103,6 +106,7 @@ impl<'a> JobRequest<'a> {
             image,
             key,
             expect_sha256: None,
+            cache_entry: None,
             compile: true,
             target: Some(target),
         }
@@ -169,6 +173,9 @@ pub(crate) fn installer_args(gd: &GpuDriver, req: &JobRequest<'_>) -> Vec<String
                 cache(&mut args);
                 args.push("--cache-read-only".into());
                 args.extend(["--artifact-sha256".into(), sha.to_string()]);
+                if let Some(entry) = req.cache_entry {
+                    args.extend(["--cache-entry".into(), entry.to_string()]);
+                }
                 if !req.compile {
                     args.push("--no-compile".into());
                 }
@@ -361,6 +368,7 @@ pub(crate) fn example(
             // What the operator passes once the target's build Job stored
             // the artifact: its digest.
             req.expect_sha256 = Some(EXAMPLE_DIGEST);
+            req.cache_entry = Some(EXAMPLE_ENTRY);
             Ok(build(gd, &req))
         }
         other => Err(NoJob::Install(other)),
@@ -369,6 +377,8 @@ pub(crate) fn example(
 
 /// The digest in an example install Job: the build Job's, in a real one.
 const EXAMPLE_DIGEST: &str = "SHA256-OF-THE-BUILD-JOBS-ARTIFACT";
+/// The entry in an example install Job: the build Job's `cacheKey`.
+const EXAMPLE_ENTRY: &str = "artifacts/v1.1/THE-BUILD-JOBS-CACHE-KEY";
 
 #[cfg(test)]
 mod tests {
@@ -419,6 +429,8 @@ mod tests {
             "k",
         );
         req.expect_sha256 = Some(&sha);
+        let entry = "artifacts/v1.1/x86_64/6.12.44-cloud-amd64/580.95.05/open/cc-0123456789abcdef";
+        req.cache_entry = Some(entry);
         let job = build(&g, &req);
         let spec = job.spec.as_ref().unwrap();
         let pod = spec.template.spec.as_ref().unwrap();
@@ -439,7 +451,7 @@ mod tests {
         );
         let args = main.args.as_ref().unwrap().join(" ");
         assert!(
-            args.contains(&format!("--host-root /proc/1/root --log-level info run --flavor open --driver-version 580.95.05 --cache-url s3://bucket/gpu --allow-http --cache-read-only --artifact-sha256 {sha}")),
+            args.contains(&format!("--host-root /proc/1/root --log-level info run --flavor open --driver-version 580.95.05 --cache-url s3://bucket/gpu --allow-http --cache-read-only --artifact-sha256 {sha} --cache-entry {entry}")),
             "{args}"
         );
         assert!(main.env_from.is_some());
@@ -601,7 +613,7 @@ mod tests {
         let args = main.args.as_ref().unwrap().join(" ");
         assert!(
             args.ends_with(&format!(
-                "--cache-url s3://bucket/gpu --cache-read-only --artifact-sha256 {EXAMPLE_DIGEST} --no-compile --peermem"
+                "--cache-url s3://bucket/gpu --cache-read-only --artifact-sha256 {EXAMPLE_DIGEST} --cache-entry {EXAMPLE_ENTRY} --no-compile --peermem"
             )),
             "{args}"
         );
