@@ -321,7 +321,7 @@ pub fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
             fs.replace_symlink(RUN_NVIDIA_DRIVER, current)?;
             return Ok(Exposure::Linked);
         }
-        Some(Kind::Dir) => {}
+        Some(Kind::Dir) => check_run_dir_is_free(fs)?,
         Some(_) => {
             return Err(Error::new(
                 Failure::Internal,
@@ -351,6 +351,41 @@ pub fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
     }
     bind_read_only(&fs.real_dir(current)?, &fs.real_dir(RUN_NVIDIA_DRIVER)?)?;
     Ok(Exposure::Mounted)
+}
+
+/// A directory at `/run/nvidia/driver` is mounted over only when it is
+/// empty (a pod's `DirectoryOrCreate` made it) or our own mount of one of
+/// the driver roots (a reinstall replaces it). One with other files is
+/// another driver's (NVIDIA's driver container mounts its root there):
+/// mounting over it would hide that driver from its pods.
+fn check_run_dir_is_free(fs: &HostFs) -> Result<()> {
+    if fs.read_dir(RUN_NVIDIA_DRIVER)?.is_empty() {
+        return Ok(());
+    }
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let here = id(&fs.real_dir(RUN_NVIDIA_DRIVER)?);
+    let drivers = crate::install::DRIVERS_DIR.trim_start_matches('/');
+    let ours = here.is_some()
+        && fs.read_dir(drivers)?.into_iter().any(|(name, kind)| {
+            kind == Kind::Dir
+                && fs
+                    .real_dir(Path::new(drivers).join(&name))
+                    .is_ok_and(|d| id(&d) == here)
+        });
+    if ours {
+        return Ok(());
+    }
+    Err(Error::new(
+        Failure::DriverRootOccupied,
+        format!(
+            "{} holds files that are not one of this installer's driver roots; not mounted over",
+            fs.host().join(RUN_NVIDIA_DRIVER).display()
+        ),
+    )
+    .with_hint(
+        "another driver installer (NVIDIA's driver container, driver.enabled in the GPU Operator?) owns it: turn that one off, then retry",
+    ))
 }
 
 /// PID 1's mount namespace: the host's, seen from a hostPID pod.

@@ -953,3 +953,44 @@ fn a_directory_where_the_current_link_belongs_is_replaced_if_empty_else_refused(
         "{doc}"
     );
 }
+
+/// A `/run/nvidia/driver` that holds another driver's files (NVIDIA's
+/// driver container mounts its root there) is not mounted over:
+/// `DriverRootOccupied`, the files untouched. An empty one, or our own
+/// mount of a driver root, is (the test above).
+#[test]
+fn another_drivers_run_nvidia_driver_is_not_mounted_over() {
+    if skipped_without_root("mount namespaces") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let host = tmp.path().join("host");
+    let root = host.join("var/lib/gpu-driver/drivers/v1");
+    fs::create_dir_all(root.join("usr/bin")).unwrap();
+    std::os::unix::fs::symlink("v1", host.join("var/lib/gpu-driver/drivers/current")).unwrap();
+    let run = host.join("run/nvidia/driver");
+    fs::create_dir_all(run.join("usr/bin")).unwrap();
+    fs::write(
+        run.join("usr/bin/nvidia-smi"),
+        b"NVIDIA's driver container's",
+    )
+    .unwrap();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private"])
+        .arg(env!("CARGO_BIN_EXE_gpu-driver-installer"))
+        .arg("--host-root")
+        .arg(&host)
+        .arg("expose-driver-root")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(14), "{stderr}");
+    assert!(
+        stderr.contains("holds files that are not one of this installer's driver roots"),
+        "{stderr}"
+    );
+    assert_eq!(
+        fs::read(run.join("usr/bin/nvidia-smi")).unwrap(),
+        b"NVIDIA's driver container's"
+    );
+}

@@ -110,7 +110,8 @@ pub enum Reason {
     /// Another driver version (or nouveau) is loaded and in use.
     DriverInUse,
     /// Where the driver root's `current` link belongs there is a directory
-    /// with files in it, which this installer did not make; not touched.
+    /// with files in it, or `/run/nvidia/driver` holds another driver's
+    /// files: this installer did not make them; not touched.
     DriverRootOccupied,
     /// `install`: Fabric Manager (NVSwitch systems) could not be placed,
     /// or its systemd service could not be started; the message quotes
