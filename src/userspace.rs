@@ -365,7 +365,7 @@ fn check_run_dir_is_free(fs: &HostFs) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let id = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     let here = id(&fs.real_dir(RUN_NVIDIA_DRIVER)?);
-    let drivers = crate::install::DRIVERS_DIR.trim_start_matches('/');
+    let drivers = gpu_driver_contract::layout::DRIVERS_DIR.trim_start_matches('/');
     let ours = here.is_some()
         && fs.read_dir(drivers)?.into_iter().any(|(name, kind)| {
             kind == Kind::Dir
