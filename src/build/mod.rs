@@ -327,9 +327,7 @@ fn restore_pinned(
     let target = crate::cache::CacheKey::new(arch, release, driver_version, opts.flavor, "");
     fs::create_dir_all(&opts.out_dir)
         .map_err(|e| Error::io(LOCAL_IO, "creating", &opts.out_dir, e))?;
-    let artifact = opts
-        .out_dir
-        .join(artifact::file_name(driver_version, opts.flavor, release));
+    let artifact = artifact_path(opts, driver_version);
     let Some(entry) = session.lookup_entry(&dir, target, &artifact) else {
         return Ok(None);
     };
@@ -361,9 +359,7 @@ fn restore_from_cache(
         opts.flavor,
         &pre.compiler.version,
     );
-    let artifact = opts
-        .out_dir
-        .join(artifact::file_name(driver_version, opts.flavor, release));
+    let artifact = artifact_path(opts, driver_version);
     let entry = session.lookup(key, &artifact)?;
     Some(restored(
         session,
@@ -372,6 +368,16 @@ fn restore_from_cache(
         &entry,
         &artifact,
         status,
+    ))
+}
+
+/// Where a build of `driver_version` puts its artifact (and a cache hit
+/// restores it).
+pub(super) fn artifact_path(opts: &BuildOptions, driver_version: &str) -> PathBuf {
+    opts.out_dir.join(artifact::file_name(
+        driver_version,
+        opts.flavor,
+        &opts.kernel_release,
     ))
 }
 

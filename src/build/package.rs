@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use super::preflight::{Preflight, Target};
 use super::source::Source;
-use super::{BuildOptions, BuildStatus, BuiltModule, LOCAL_IO, seconds};
+use super::{BuildOptions, BuildStatus, BuiltModule, LOCAL_IO, artifact_path, seconds};
 use crate::artifact::{
     self, MANIFEST_VERSION, Manifest, ManifestFile, ManifestLink, ManifestModule, ManifestUserFile,
     PackFile,
@@ -70,11 +70,7 @@ pub(super) fn package(
         .collect();
     files.extend(add_firmware(&mut manifest, &src.firmware)?);
     files.extend(add_user_space(&mut manifest, src.user_space.as_ref())?);
-    let artifact = opts.out_dir.join(artifact::file_name(
-        &src.driver_version,
-        opts.flavor,
-        release,
-    ));
+    let artifact = artifact_path(opts, &src.driver_version);
     let sha256 = artifact::pack(&artifact, &manifest, &files)?;
     status.timings.package_seconds = Some(seconds(t.elapsed()));
     status.firmware = manifest.firmware.iter().map(|f| f.file.clone()).collect();
