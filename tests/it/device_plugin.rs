@@ -15,29 +15,6 @@ use std::time::{Duration, Instant};
 const GPU0: &str = "GPU-6f3c2a1e-0b7d-4c5e-9a21-3d4e5f607182";
 const GPU1: &str = "GPU-5b6a9c1e-8f3a-2b7d-41c0-9e2f7a6d3b11";
 
-/// Two H100s, as tests/it/exporter.rs's DOUBLE_PROFILE.
-const PROFILE: &str = "driver_version = 535.261.03
-nvml_version = 12.535.261.03
-cuda_version = 12020
-gpus = 2
-gpu0.name = NVIDIA H100 80GB HBM3
-gpu0.uuid = GPU-6f3c2a1e-0b7d-4c5e-9a21-3d4e5f607182
-gpu0.pci_bus_id = 00000000:3B:00.0
-gpu0.pci_device_id = 0x233010DE
-gpu0.minor = 0
-gpu0.memory_total = 85520809984
-gpu0.mig = 0
-gpu0.compute_capability = 9.0
-gpu1.name = NVIDIA H100 80GB HBM3
-gpu1.uuid = GPU-5b6a9c1e-8f3a-2b7d-41c0-9e2f7a6d3b11
-gpu1.pci_bus_id = 00000000:86:00.0
-gpu1.pci_device_id = 0x233010DE
-gpu1.minor = 1
-gpu1.memory_total = 85520809984
-gpu1.mig = 0
-gpu1.compute_capability = 9.0
-";
-
 /// The directory `scripts/device-plugin` prints: `bin/nvidia-device-plugin`
 /// and `bin/kubelet-double`.
 fn device_plugin_bins() -> PathBuf {
@@ -66,7 +43,10 @@ impl Drop for Running {
 /// the libraries. Returns the `current` path, as the chart's
 /// `nvidiaDriverRoot` names it.
 fn driver_root(dir: &Path) -> PathBuf {
-    let double = crate::support::host::gpu_double(&dir.join("double"), PROFILE);
+    let double = crate::support::host::gpu_double(
+        &dir.join("double"),
+        crate::support::host::TWO_H100_PROFILE,
+    );
     let drivers = dir.join("host/var/lib/gpu-driver/drivers");
     let root = drivers.join("535.261.03-open-double");
     let lib = root.join(format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH));

@@ -479,32 +479,6 @@ fn pods_holding_gpus_come_from_the_kubelet() {
     assert!(!a100.labels.contains_key("pod"), "{a100:?}");
 }
 
-/// The GPU double's profile the exporter tests read: GPU0 held by the
-/// kubelet double's `ml/train-0`, a second GPU held by nobody.
-const DOUBLE_PROFILE: &str = "driver_version = 535.261.03
-nvml_version = 12.535.261.03
-cuda_version = 12020
-gpus = 2
-gpu0.name = NVIDIA H100 80GB HBM3
-gpu0.uuid = GPU-6f3c2a1e-0b7d-4c5e-9a21-3d4e5f607182
-gpu0.pci_bus_id = 00000000:3B:00.0
-gpu0.pci_device_id = 0x233010DE
-gpu0.minor = 0
-gpu0.memory_total = 85520809984
-gpu0.memory_used = 1073741824
-gpu0.utilization_gpu = 37
-gpu0.utilization_memory = 12
-gpu0.mig = 0
-gpu0.compute_capability = 9.0
-gpu0.process = 4242:1073741824
-gpu1.name = NVIDIA H100 80GB HBM3
-gpu1.uuid = GPU-5b6a9c1e-8f3a-2b7d-41c0-9e2f7a6d3b11
-gpu1.pci_bus_id = 00000000:86:00.0
-gpu1.minor = 1
-gpu1.memory_total = 85520809984
-gpu1.compute_capability = 9.0
-";
-
 /// The binary end to end over the GPU double's NVML (through nvml-wrapper,
 /// as on a node) and the kubelet double's PodResources: the profile's
 /// readings come out in DCGM's names and units, the held GPU carries its
@@ -513,7 +487,10 @@ gpu1.compute_capability = 9.0
 #[test]
 fn the_gpu_doubles_readings_reach_the_pod_that_holds_the_gpu() {
     let dir = tempfile::tempdir().unwrap();
-    let libs = crate::support::host::gpu_double(&dir.path().join("driver"), DOUBLE_PROFILE);
+    let libs = crate::support::host::gpu_double(
+        &dir.path().join("driver"),
+        crate::support::host::TWO_H100_PROFILE,
+    );
     let socket = dir.path().join("kubelet.sock");
     serve_kubelet(&socket);
     let mut e = Exporter::start(

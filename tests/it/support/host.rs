@@ -90,6 +90,36 @@ pub fn stub_libcuda(dir: &Path, defines: &[&str]) -> PathBuf {
     stub_library(dir, "libcuda.c", "libcuda.so.1", &defines)
 }
 
+/// Two H100s for the GPU double: GPU0 (held by the kubelet double's
+/// `ml/train-0` in the exporter tests) with readings and a compute process,
+/// GPU1 idle. The exporter and device plugin tests read it.
+#[allow(dead_code)]
+pub const TWO_H100_PROFILE: &str = "driver_version = 535.261.03
+nvml_version = 12.535.261.03
+cuda_version = 12020
+gpus = 2
+gpu0.name = NVIDIA H100 80GB HBM3
+gpu0.uuid = GPU-6f3c2a1e-0b7d-4c5e-9a21-3d4e5f607182
+gpu0.pci_bus_id = 00000000:3B:00.0
+gpu0.pci_device_id = 0x233010DE
+gpu0.minor = 0
+gpu0.memory_total = 85520809984
+gpu0.memory_used = 1073741824
+gpu0.utilization_gpu = 37
+gpu0.utilization_memory = 12
+gpu0.mig = 0
+gpu0.compute_capability = 9.0
+gpu0.process = 4242:1073741824
+gpu1.name = NVIDIA H100 80GB HBM3
+gpu1.uuid = GPU-5b6a9c1e-8f3a-2b7d-41c0-9e2f7a6d3b11
+gpu1.pci_bus_id = 00000000:86:00.0
+gpu1.pci_device_id = 0x233010DE
+gpu1.minor = 1
+gpu1.memory_total = 85520809984
+gpu1.mig = 0
+gpu1.compute_capability = 9.0
+";
+
 /// The GPU double (`tests/gpu-double/`): its NVML and CUDA libraries and
 /// its nvidia-smi compiled into `dir` (`libnvidia-ml.so.1`, `libcuda.so.1`,
 /// `nvidia-smi`) with `profile` beside them as `gpu-double.profile`, where
