@@ -232,6 +232,7 @@ pub struct BuildPolicy {
     /// May build Jobs run on GPU nodes (NVIDIA PCI label, or selected by
     /// this GpuDriver)? `false`: never on the nodes they serve, so that one
     /// compromised GPU node cannot plant what every other one loads.
+    /// `true`: build Jobs also tolerate `startupTaint`, which waits for them.
     #[serde(default)]
     pub allow_gpu_nodes: bool,
     /// CPU and memory of the build Job's installer container. Unset:

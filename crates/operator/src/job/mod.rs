@@ -689,9 +689,42 @@ mod tests {
             operator: Some("Exists".into()),
             ..Default::default()
         }];
+        g.spec.startup_taint = None;
         let p = pod(&g);
         assert!(p.affinity.is_none());
-        assert_eq!(p.tolerations.unwrap()[0].key.as_deref(), Some("build"));
+        let keys: Vec<_> = p
+            .tolerations
+            .iter()
+            .flatten()
+            .map(|t| t.key.clone())
+            .collect();
+        assert_eq!(keys, [Some("build".to_string())], "no startup taint set");
+
+        // On GPU nodes, the build tolerates the startup taint that waits
+        // for it (a one-pool cluster would wait forever otherwise).
+        g.spec.startup_taint = Some("gpu-driver.gardenlinux.io/driver-not-ready".into());
+        let keys: Vec<_> = pod(&g)
+            .tolerations
+            .iter()
+            .flatten()
+            .map(|t| t.key.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            keys,
+            ["build", "gpu-driver.gardenlinux.io/driver-not-ready"]
+        );
+        g.spec.build.allow_gpu_nodes = false;
+        let keys: Vec<_> = pod(&g)
+            .tolerations
+            .iter()
+            .flatten()
+            .map(|t| t.key.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            keys,
+            ["build"],
+            "off GPU nodes, no startup taint to tolerate"
+        );
     }
 
     /// Every container has memory requests and a limit (the node-critical

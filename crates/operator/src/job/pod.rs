@@ -105,7 +105,7 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
         restart_policy: Some("Never".into()),
         service_account_name: Some(SERVICE_ACCOUNT.into()),
         automount_service_account_token: Some(false),
-        tolerations: (!spec.build.tolerations.is_empty()).then(|| spec.build.tolerations.clone()),
+        tolerations: build_tolerations(spec),
         affinity: (!spec.build.allow_gpu_nodes).then(|| off_gpu_nodes(gd)),
         image_pull_secrets: (!spec.image_pull_secrets.is_empty())
             .then(|| spec.image_pull_secrets.clone()),
@@ -180,6 +180,22 @@ fn unprivileged() -> SecurityContext {
         }),
         ..Default::default()
     }
+}
+
+/// A build Job's tolerations: the owner's `build.tolerations`, plus the
+/// startup taint where builds may run on GPU nodes. That taint waits for
+/// the build; a build that cannot land on a tainted GPU node (the only
+/// nodes of a one-pool cluster) would wait for the taint, forever.
+fn build_tolerations(spec: &crate::crd::GpuDriverSpec) -> Option<Vec<Toleration>> {
+    let mut tolerations = spec.build.tolerations.clone();
+    if let (true, Some(t)) = (spec.build.allow_gpu_nodes, &spec.startup_taint) {
+        tolerations.push(Toleration {
+            key: Some(t.clone()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        });
+    }
+    (!tolerations.is_empty()).then_some(tolerations)
 }
 
 fn tolerations(gd: &GpuDriver) -> Vec<Toleration> {
