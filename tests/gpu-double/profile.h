@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define GD_MAX_GPUS 16
 #define GD_MAX_PROCS 8
@@ -46,6 +47,7 @@ struct gd_profile {
     char nvml_version[48];
     int cuda_version;          /* 12020 = 12.2 */
     unsigned long long gpus;   /* may exceed GD_MAX_GPUS: a hostile count */
+    char kernel_module[32];    /* set: no driver unless /sys/module/<it> exists */
     struct gd_gpu gpu[GD_MAX_GPUS];
 };
 
@@ -95,6 +97,8 @@ static void gd_set(struct gd_profile *p, char *key, char *v)
         p->cuda_version = atoi(v);
     else if (!strcmp(key, "gpus"))
         p->gpus = strtoull(v, NULL, 10);
+    else if (!strcmp(key, "kernel_module"))
+        gd_copy(p->kernel_module, sizeof p->kernel_module, v);
     else if (!strncmp(key, "gpu", 3)) {
         char *dot = strchr(key, '.');
         unsigned long i = strtoul(key + 3, NULL, 10);
@@ -158,6 +162,15 @@ static inline struct gd_profile *gd_profile(void)
         gd_set(&p, gd_trim(line), gd_trim(eq + 1));
     }
     fclose(f);
+    /* NVIDIA's libraries find no driver while its module is not loaded
+     * (after a reboot, before the reinstall): so does the double, where
+     * the profile names the module (on a real kernel: scripts/real-node). */
+    if (p.kernel_module[0] && !strchr(p.kernel_module, '/')) {
+        char sys[64];
+        snprintf(sys, sizeof sys, "/sys/module/%s", p.kernel_module);
+        if (access(sys, F_OK) != 0)
+            return &p;
+    }
     p.loaded = 1;
     return &p;
 }

@@ -500,3 +500,48 @@ fn verify_passes_on_a_driver_root_carrying_the_gpu_double() {
         "{msg}"
     );
 }
+
+/// A profile naming `kernel_module` is a driver only while that module is
+/// loaded (`/sys/module/<name>`), as NVIDIA's libraries find no driver
+/// after a reboot until the module is back (scripts/real-node's reboot).
+#[test]
+fn the_nvml_double_needs_the_kernel_module_its_profile_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A module this kernel has (built in or loaded), and one it has not.
+    let loaded = fs::read_dir("/sys/module")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find(|n| n.len() < 30)
+        .expect("a module under /sys/module");
+    let smi = |module: &str| {
+        let dir = tmp.path().join(module);
+        let profile = format!(
+            "driver_version = 580.178.04\nkernel_module = {module}\ngpus = 1\n\
+             gpu0.name = NVIDIA H100 80GB HBM3\ngpu0.uuid = GPU-1\n"
+        );
+        let double = host_support::gpu_double(&dir, &profile);
+        Command::new(double.join("nvidia-smi"))
+            .arg("-L")
+            .env("LD_LIBRARY_PATH", &double)
+            .env_remove("GPU_DOUBLE_PROFILE")
+            .output()
+            .unwrap()
+    };
+    let out = smi(&loaded);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("GPU 0: NVIDIA H100 80GB HBM3"), "{stdout}");
+
+    let out = smi("gpu_double_not_loaded");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("Driver Not Loaded"), "{text}");
+}
