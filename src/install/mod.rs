@@ -18,7 +18,8 @@
 //! 5. find conflicts in `/proc/modules`: the same version already loaded →
 //!    left alone (`AlreadyInstalled` when all are); another version (or
 //!    nouveau) loaded and unused → unloaded in reverse dependency order; in
-//!    use → `DriverInUse` unless `--force`;
+//!    use → `DriverInUse` unless `--force`, naming the processes and pods
+//!    that hold `/dev/nvidia*` open (from `<host-root>/proc/*/fd`);
 //! 6. place root: the staging directory is renamed to the versioned driver
 //!    root `<host-root>/var/lib/gpu-driver/drivers/<version>-<flavor>-<release>-<hash>`;
 //! 7. firmware path, then load: `finit_module` in dependency order (nvidia,
@@ -36,7 +37,8 @@
 //! in the host root never leads a write outside it.
 //!
 //! The parts: `steps` (the named steps and their order), `kmod`
-//! (load, unload, their order, the kernel log of a refusal), `roots`
+//! (load, unload, their order, the kernel log of a refusal), `holders`
+//! (which processes and pods hold the driver open, for `DriverInUse`), `roots`
 //! (the versioned driver roots: staging, the `current` switch, garbage
 //! collection), `devices` (device nodes from `/proc/devices`, sysfs
 //! writes), `services` (the daemons' systemd units, systemctl and
@@ -45,6 +47,7 @@
 
 mod devices;
 mod documents;
+mod holders;
 mod kmod;
 mod roots;
 mod services;

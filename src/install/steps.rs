@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use super::documents::{InstallStatus, ModuleAction, ModuleState, user_space_status};
 use super::kmod::{self, KernelModule, NVIDIA_STACK};
 use super::roots::{self, Staging, in_drivers};
-use super::{InstallOptions, LOCAL_IO, LOCK_PATH, UninstallOptions, check_root, devices, services};
+use super::{
+    InstallOptions, LOCAL_IO, LOCK_PATH, UninstallOptions, check_root, devices, holders, services,
+};
 use crate::artifact::{self, Manifest};
 use crate::error::Success;
 use crate::error::{Error, Failure, Result};
@@ -201,8 +203,9 @@ fn find_conflicts(run: &Run, sel: &Selection, st: &mut InstallStatus) -> Result<
             return Err(Error::new(
                 Failure::DriverInUse,
                 format!(
-                    "another driver is loaded and in use: {}",
-                    busy.join("; ")
+                    "another driver is loaded and in use: {}{}",
+                    busy.join("; "),
+                    held_by(run.root)
                 ),
             )
             .with_hint(
@@ -264,6 +267,17 @@ fn stop_daemons(
     };
     st.notes.extend(notes);
     Ok(loaded)
+}
+
+/// `; held open by …` naming the processes (and pods) with an NVIDIA
+/// device file open, for a `DriverInUse` message; empty when none is seen.
+fn held_by(root: &HostRoot) -> String {
+    let found = holders::find(root);
+    if found.is_empty() {
+        String::new()
+    } else {
+        format!("; held open by {}", holders::describe(&found))
+    }
 }
 
 /// Renames the staging directory to the driver root (modules load from
@@ -522,10 +536,11 @@ pub(super) fn uninstall(opts: &UninstallOptions, st: &mut InstallStatus) -> Resu
     }
     let busy = kmod::in_use(&set, &loaded);
     if !busy.is_empty() && !opts.force {
-        return Err(
-            Error::new(Failure::DriverInUse, format!("in use: {}", busy.join("; ")))
-                .with_hint("stop what uses it first; --force tries the unload anyway"),
-        );
+        return Err(Error::new(
+            Failure::DriverInUse,
+            format!("in use: {}{}", busy.join("; "), held_by(root)),
+        )
+        .with_hint("stop what uses it first; --force tries the unload anyway"));
     }
     let done = kmod::unload_all(&set, &loaded)?;
     st.modules
