@@ -297,6 +297,46 @@ pub struct UpgradePolicy {
     /// stops there.
     #[serde(default = "default_drain_timeout")]
     pub drain_timeout_seconds: u64,
+    /// NVIDIA GPU Operator operands that hold the driver open without
+    /// requesting a GPU, taken off an upgrading node through their per-node
+    /// deploy label `nvidia.com/gpu.deploy.<name>` (NVIDIA's driver manager
+    /// does the same): each label that is `"true"` becomes
+    /// `paused-for-driver-upgrade` before the install, the drain waits for
+    /// those pods to leave, and the labels go back to `"true"` once the new
+    /// driver is verified. Labels with another value are left alone. `[]`:
+    /// pause none.
+    #[serde(default = "default_gpu_operator_operands")]
+    pub gpu_operator_operands: Vec<String>,
+    /// Labels of the GPU Operator's container toolkit pods. After a driver
+    /// version change the node's toolkit pod is evicted once the driver is
+    /// verified, and its DaemonSet starts a new one, which writes a new CDI
+    /// specification (it names the driver's versioned library files). `{}`:
+    /// restart none.
+    #[serde(default = "default_toolkit_pod_labels")]
+    pub toolkit_pod_labels: BTreeMap<String, String>,
+}
+
+/// The operands NVIDIA's driver manager pauses (NVIDIA/k8s-driver-manager;
+/// `docs/workloads.md` cites the lines).
+fn default_gpu_operator_operands() -> Vec<String> {
+    [
+        "device-plugin",
+        "gpu-feature-discovery",
+        "dcgm-exporter",
+        "dcgm",
+        "mig-manager",
+        "nvsm",
+        "sandbox-device-plugin",
+        "sandbox-validator",
+        "vgpu-device-manager",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The GPU Operator's toolkit DaemonSet's pod label.
+fn default_toolkit_pod_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([("app".into(), "nvidia-container-toolkit-daemonset".into())])
 }
 
 fn default_max_unavailable() -> IntOrString {
@@ -313,6 +353,8 @@ impl Default for UpgradePolicy {
             max_unavailable: default_max_unavailable(),
             evict: true,
             drain_timeout_seconds: default_drain_timeout(),
+            gpu_operator_operands: default_gpu_operator_operands(),
+            toolkit_pod_labels: default_toolkit_pod_labels(),
         }
     }
 }

@@ -131,6 +131,14 @@ pub mod keys {
     /// uncordons it after); a node cordoned by someone else stays so.
     pub const UPGRADE_CORDONED: &str = "gpu-driver.gardenlinux.io/upgrade-cordoned";
 
+    /// The GPU Operator operands this node's upgrade paused (comma
+    /// separated names, `dcgm-exporter,gpu-feature-discovery`): their
+    /// deploy labels go back to `true` when the upgrade ends.
+    pub const PAUSED_OPERANDS: &str = "gpu-driver.gardenlinux.io/paused-operands";
+    /// The GPU Operator's per-node deploy label of an operand is this
+    /// prefix and the operand's name; its DaemonSets select `"true"`.
+    pub const DEPLOY_LABEL_PREFIX: &str = "nvidia.com/gpu.deploy.";
+
     /// On build Jobs and their pods: the target key they build.
     pub const TARGET: &str = "gpu-driver.gardenlinux.io/target";
 

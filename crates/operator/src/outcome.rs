@@ -247,6 +247,16 @@ pub(crate) fn job_seconds(job: &Job, now_unix: i64) -> Option<f64> {
 /// A `run` RunResult with `reason`, on the host root a Job mounts, and
 /// driver 580.95.05 (open) installed when `installed`: the unit tests'
 /// installer result.
+/// Replaces `(pod <uid>)` in an installer's message with
+/// `(pod <namespace>/<name>)` for the pods known by UID.
+pub fn name_pods(message: &str, pods: &[(String, String)]) -> String {
+    let mut out = message.to_string();
+    for (uid, name) in pods {
+        out = out.replace(&format!("(pod {uid})"), &format!("(pod {name})"));
+    }
+    out
+}
+
 #[cfg(test)]
 pub(crate) fn run_result(reason: Reason, installed: bool) -> RunResult {
     use gpu_driver_contract::report::Document;
@@ -416,5 +426,19 @@ mod tests {
             job_state(&job("Failed"), &[], now + 1),
             JobState::Failed { result: None, .. }
         ));
+    }
+
+    #[test]
+    fn holders_are_named_by_their_pods() {
+        let m = "in use: nvidia (refcount 3); held open by pid 4242 dcgm-exporter (pod 1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9) holds /dev/nvidia0; pid 7 nvidia-persiste holds /dev/nvidiactl";
+        let pods = vec![(
+            "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9".to_string(),
+            "gpu-operator/nvidia-dcgm-exporter-x7k2p".to_string(),
+        )];
+        assert_eq!(
+            name_pods(m, &pods),
+            "in use: nvidia (refcount 3); held open by pid 4242 dcgm-exporter (pod gpu-operator/nvidia-dcgm-exporter-x7k2p) holds /dev/nvidia0; pid 7 nvidia-persiste holds /dev/nvidiactl"
+        );
+        assert_eq!(name_pods(m, &[]), m, "an unknown UID stays as it is");
     }
 }

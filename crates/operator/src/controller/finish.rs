@@ -6,7 +6,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
@@ -158,7 +158,38 @@ async fn handle_finished(
         done.failure.as_deref(),
         "the Job's pod ended without an installer result in its termination message",
     );
+    let message = if reason == "DriverInUse" {
+        name_holders(ctx, &node.name_any(), &message).await
+    } else {
+        message
+    };
     mark_failed(ctx, gd, node, &done, &reason, &message).await
+}
+
+/// A `DriverInUse` message names the holders' pods by UID (the installer
+/// sees only cgroups); the pods on the node turn them into `ns/name`.
+async fn name_holders(ctx: &Context, node: &str, message: &str) -> String {
+    if !message.contains("(pod ") {
+        return message.to_string();
+    }
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let Ok(Ok(list)) = tokio::time::timeout(Duration::from_secs(10), api.list(&params)).await
+    else {
+        return message.to_string();
+    };
+    let pods: Vec<(String, String)> = list
+        .items
+        .iter()
+        .filter_map(|p| {
+            let uid = p.metadata.uid.clone()?;
+            Some((
+                uid,
+                format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
+            ))
+        })
+        .collect();
+    outcome::name_pods(message, &pods)
 }
 
 /// Why a Job failed: its result's reason, else the Job's, else none at
@@ -244,6 +275,12 @@ async fn mark_installed(
     let upgraded = ours
         || facts(node).annotations.contains_key(keys::UPGRADE)
         || ctx.expect().holds(Kind::UpgradeStarted, &node_name);
+    let before = facts(node).annotations.get(keys::DRIVER_VERSION).cloned();
+    let after = r.installed.as_ref().and_then(|i| i.driver_version.clone());
+    let toolkit = match (&before, &after) {
+        (Some(b), Some(a)) if b != a => super::upgrade::restart_toolkit(ctx, gd, &node_name).await,
+        _ => Vec::new(),
+    };
     let patch = ready_patch(gd, node, key, &name, r, now, ours);
     ctx.patch_node(&node_name, &patch).await?;
     {
@@ -280,6 +317,15 @@ async fn mark_installed(
         ),
     )
     .await;
+    if !toolkit.is_empty() {
+        let note = format!(
+            "driver {} → {version}: restarting the container toolkit ({}) so that its CDI specification names the new driver's files",
+            before.as_deref().unwrap_or("unknown"),
+            toolkit.join(", ")
+        );
+        ctx.event(node, EventType::Normal, "ToolkitRestarted", note)
+            .await;
+    }
     tracing::info!("node {node_name}: driver {version} installed");
     Ok(Action::await_change())
 }

@@ -71,6 +71,10 @@ pub struct NodeLabels {
         skip_serializing_if = "Change::is_keep"
     )]
     pub ready: Change<String>,
+    /// The GPU Operator's deploy labels an upgrade pauses and restores
+    /// (`nvidia.com/gpu.deploy.<operand>`): a value sets, `None` removes.
+    #[serde(flatten)]
+    pub operands: BTreeMap<String, Option<String>>,
 }
 
 impl NodeLabels {
@@ -174,6 +178,11 @@ pub struct NodeAnnotations {
         skip_serializing_if = "Change::is_keep"
     )]
     pub upgrade_cordoned: Change<String>,
+    #[serde(
+        rename = "gpu-driver.gardenlinux.io/paused-operands",
+        skip_serializing_if = "Change::is_keep"
+    )]
+    pub paused_operands: Change<String>,
 }
 
 impl NodeAnnotations {
@@ -275,13 +284,25 @@ pub fn ready_patch(
 
 /// Clears the upgrade annotations (a null for a key the cached node does
 /// not show yet costs nothing); an upgrade that cordoned the node
-/// uncordons it, one that found it cordoned by someone else leaves it so.
+/// uncordons it, one that found it cordoned by someone else leaves it so;
+/// the GPU Operator operands it paused are deployed again.
 /// `cordoned_by_us`: this process sent the cordon (the cache may lag).
 pub(super) fn end_upgrade(f: &NodeFacts, cordoned_by_us: bool, patch: &mut NodePatch) {
     let a = &mut patch.metadata.annotations;
     a.upgrade = Change::Remove;
     a.upgrade_started = Change::Remove;
     a.upgrade_cordoned = Change::Remove;
+    if f.annotations.contains_key(crate::keys::PAUSED_OPERANDS) {
+        a.paused_operands = Change::Remove;
+        for operand in decide::operands_to_restore(f) {
+            let label = decide::deploy_label(&operand);
+            patch
+                .metadata
+                .labels
+                .operands
+                .insert(label, Some("true".into()));
+        }
+    }
     let annotated = f
         .annotations
         .get(crate::keys::UPGRADE_CORDONED)

@@ -1,5 +1,7 @@
-//! Rolling driver upgrades: a few nodes at a time, cordoned and drained
-//! of GPU pods before their install Job.
+//! Rolling driver upgrades: a few nodes at a time, cordoned, drained of GPU
+//! pods and of the GPU Operator's operands (paused by their deploy labels)
+//! before their install Job; after a version change, the toolkit's pod is
+//! restarted so that its CDI specification names the new driver's files.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -19,25 +21,67 @@ use crate::crd::GpuDriver;
 use crate::decide::{self, DrainStep, NodeFacts, UpgradeState};
 use crate::keys;
 
-/// The pods on `node` that use an NVIDIA device plugin resource and have
-/// not ended.
-async fn gpu_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>, Error> {
+/// The pods an upgrading node waits for: those that use an NVIDIA device
+/// plugin resource (evicted), and those that run there only while a label
+/// the upgrade takes away holds (the GPU Operator's paused operands, our
+/// exporter, the device plugin: their DaemonSets delete them).
+#[derive(Debug, Default)]
+struct Holding {
+    gpu: Vec<Pod>,
+    followers: Vec<Pod>,
+}
+
+impl Holding {
+    fn is_empty(&self) -> bool {
+        self.gpu.is_empty() && self.followers.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.gpu.len() + self.followers.len()
+    }
+
+    /// `ns/name` of every pod, GPU pods first.
+    fn names(&self) -> Vec<String> {
+        self.gpu
+            .iter()
+            .chain(&self.followers)
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect()
+    }
+}
+
+/// The pods on `node` that have not ended, sorted into [`Holding`];
+/// `taken`: the labels the upgrade removes or pauses on it.
+async fn holding(ctx: &Context, node: &str, taken: &[String]) -> Result<Holding, Error> {
     let api: Api<Pod> = Api::all(ctx.client.clone());
     let list = api
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .map_err(|e| Error::Kube(format!("listing the pods on node {node}"), e))?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|p| {
-            !matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            )
-        })
-        .filter(uses_gpu)
-        .collect())
+    let mut held = Holding::default();
+    for p in list.items {
+        let ended = matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if ended {
+            continue;
+        }
+        if uses_gpu(&p) {
+            held.gpu.push(p);
+        } else if follows(&p, taken) {
+            held.followers.push(p);
+        }
+    }
+    Ok(held)
+}
+
+/// Does the pod's node selector name one of `taken`?
+fn follows(pod: &Pod, taken: &[String]) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_selector.as_ref())
+        .is_some_and(|sel| decide::follows_labels(sel, taken))
 }
 
 /// Does any container of the pod request or limit an `nvidia.com/*`
@@ -127,8 +171,10 @@ pub(super) async fn upgrade(
         return start_upgrade(ctx, gd, node).await;
     }
     // Draining, or Failed with its backoff over (plan() held it back
-    // until then): drain (again).
-    let pods = gpu_pods(ctx, &name).await?;
+    // until then): drain (again). Both states were written with the
+    // paused operands' annotation, so the cached node shows it.
+    let taken = decide::labels_taken(&decide::operands_paused(&f));
+    let pods = holding(ctx, &name, &taken).await?;
     let started = if state == UpgradeState::Failed {
         None
     } else {
@@ -145,7 +191,7 @@ pub(super) async fn upgrade(
                 node,
                 EventType::Normal,
                 "UpgradeDrained",
-                "no GPU pod left on the node: installing".into(),
+                "no GPU pod and no paused operand left on the node: installing".into(),
             )
             .await;
             Ok(None)
@@ -163,12 +209,12 @@ pub(super) async fn upgrade(
                     node,
                     EventType::Normal,
                     "UpgradeRetry",
-                    format!("draining {} GPU pod(s) again", pods.len()),
+                    format!("draining {} pod(s) again", pods.len()),
                 )
                 .await;
             }
             if policy.evict {
-                evict(ctx, &name, &pods).await;
+                evict(ctx, &name, &pods.gpu).await;
             }
             Ok(Some(Action::requeue(Duration::from_secs(2))))
         }
@@ -183,24 +229,10 @@ async fn drain_timed_out(
     gd: &GpuDriver,
     node: &Node,
     key: &str,
-    pods: &[Pod],
+    pods: &Holding,
 ) -> Result<Action, Error> {
     let f = facts(node);
-    let policy = &gd.spec.upgrade_policy;
-    let names: Vec<String> = pods
-        .iter()
-        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-        .collect();
-    let message = format!(
-        "GPU pods still on the node after {}s{}: {}",
-        policy.drain_timeout_seconds,
-        if policy.evict {
-            " (evictions refused, e.g. by a PodDisruptionBudget)"
-        } else {
-            " (upgradePolicy.evict is false: waiting for them to end)"
-        },
-        names.join(", ")
-    );
+    let message = timeout_message(&gd.spec.upgrade_policy, pods);
     let attempts = decide::failures(&f, key) + 1;
     let mut patch = failure_patch(key, attempts, "DrainTimeout", &message, Timestamp::now());
     patch.metadata.annotations.upgrade = Change::Set(UpgradeState::Failed);
@@ -222,9 +254,38 @@ async fn drain_timed_out(
     Ok(Action::requeue(Duration::from_secs(wait.max(1))))
 }
 
+/// What a timed-out drain says: the pods still there, by kind and name.
+fn timeout_message(policy: &crate::crd::UpgradePolicy, pods: &Holding) -> String {
+    let mut parts = Vec::new();
+    if !pods.gpu.is_empty() {
+        let names: Vec<String> = pods.names().into_iter().take(pods.gpu.len()).collect();
+        parts.push(format!(
+            "GPU pods{}: {}",
+            if policy.evict {
+                " (evictions refused, e.g. by a PodDisruptionBudget)"
+            } else {
+                " (upgradePolicy.evict is false: waiting for them to end)"
+            },
+            names.join(", ")
+        ));
+    }
+    if !pods.followers.is_empty() {
+        let names: Vec<String> = pods.names().into_iter().skip(pods.gpu.len()).collect();
+        parts.push(format!(
+            "pods of paused DaemonSets not yet deleted (is their DaemonSet controller running?): {}",
+            names.join(", ")
+        ));
+    }
+    format!(
+        "still on the node after {}s: {}",
+        policy.drain_timeout_seconds,
+        parts.join("; ")
+    )
+}
+
 /// The node's turn in the roll, if a slot is free: cordon it (unless
-/// someone else did), record the start, and go straight to installing when
-/// no GPU pod runs there.
+/// someone else did), pause the GPU Operator's operands there, record the
+/// start, and go straight to installing when no pod holds the driver.
 async fn start_upgrade(
     ctx: &Context,
     gd: &GpuDriver,
@@ -238,7 +299,8 @@ async fn start_upgrade(
         Slot::Started => return Ok(Some(Action::requeue(Duration::from_secs(2)))),
         Slot::Full => return Ok(Some(Action::requeue(Duration::from_secs(30)))),
     }
-    let pods = gpu_pods(ctx, &name).await?;
+    let pause = decide::operands_to_pause(&gd.spec.upgrade_policy.gpu_operator_operands, &f);
+    let pods = holding(ctx, &name, &decide::labels_taken(&pause)).await?;
     let cordon = !node
         .spec
         .as_ref()
@@ -255,6 +317,14 @@ async fn start_upgrade(
         upgrade_cordoned: Change::Set(cordon.to_string()),
         ..Default::default()
     });
+    if !pause.is_empty() {
+        patch.metadata.annotations.paused_operands = Change::Set(pause.join(","));
+        for operand in &pause {
+            let label = decide::deploy_label(operand);
+            let paused = Some(decide::OPERAND_PAUSED.to_string());
+            patch.metadata.labels.operands.insert(label, paused);
+        }
+    }
     if f.labels.contains_key(keys::READY_LABEL) {
         // Its turn: the ready label goes with the cordon.
         patch.metadata.labels.ready = Change::Remove;
@@ -273,7 +343,7 @@ async fn start_upgrade(
     if cordon {
         ctx.expect().expect(Kind::Cordoned, &name, "");
     }
-    let note = started_note(gd, &f, cordon, pods.len());
+    let note = started_note(gd, &f, cordon, &pods, &pause);
     ctx.event(node, EventType::Normal, "UpgradeStarted", note)
         .await;
     ctx.metrics
@@ -286,7 +356,13 @@ async fn start_upgrade(
 
 /// The UpgradeStarted Event's note: from which driver to which, and
 /// whether this roll cordoned the node.
-fn started_note(gd: &GpuDriver, f: &NodeFacts, cordon: bool, pods: usize) -> String {
+fn started_note(
+    gd: &GpuDriver,
+    f: &NodeFacts,
+    cordon: bool,
+    pods: &Holding,
+    paused: &[String],
+) -> String {
     let from = f
         .annotations
         .get(keys::DRIVER_VERSION)
@@ -298,14 +374,21 @@ fn started_note(gd: &GpuDriver, f: &NodeFacts, cordon: bool, pods: usize) -> Str
         .version
         .clone()
         .unwrap_or_else(|| "the catalog's".into());
+    let paused = if paused.is_empty() {
+        String::new()
+    } else {
+        format!("; GPU Operator operands paused: {}", paused.join(", "))
+    };
     format!(
-        "driver {from} → {to} ({}): {}; {pods} GPU pod(s) to drain",
+        "driver {from} → {to} ({}): {}; {} GPU pod(s) to drain, {} pod(s) to leave{paused}",
         gd.spec.driver.flavor.as_str(),
         if cordon {
             "cordoned"
         } else {
             "already cordoned by someone else, left so"
         },
+        pods.gpu.len(),
+        pods.followers.len(),
     )
 }
 
@@ -346,4 +429,36 @@ async fn evict(ctx: &Context, node: &str, pods: &[Pod]) {
             Err(e) => tracing::warn!("node {node}: evicting {ns}/{}: {e}", p.name_any()),
         }
     }
+}
+
+/// After a driver version change on `node`: evicts the GPU Operator's
+/// container toolkit pod there (by `upgradePolicy.toolkitPodLabels`), so
+/// that its DaemonSet starts a new one, which writes a CDI specification
+/// naming the new driver's versioned library files; the old one names files
+/// that are gone. Returns the pods asked to go.
+pub(super) async fn restart_toolkit(ctx: &Context, gd: &GpuDriver, node: &str) -> Vec<String> {
+    let labels = &gd.spec.upgrade_policy.toolkit_pod_labels;
+    if labels.is_empty() {
+        return Vec::new();
+    }
+    let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let params = ListParams::default()
+        .fields(&format!("spec.nodeName={node}"))
+        .labels(&selector.join(","));
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let pods = match tokio::time::timeout(EVICT_DEADLINE, api.list(&params)).await {
+        Ok(Ok(list)) => list.items,
+        Ok(Err(e)) => {
+            tracing::warn!("node {node}: listing the toolkit's pods: {e}");
+            return Vec::new();
+        }
+        Err(_) => {
+            tracing::warn!("node {node}: listing the toolkit's pods: no answer in time");
+            return Vec::new();
+        }
+    };
+    evict(ctx, node, &pods).await;
+    pods.iter()
+        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .collect()
 }

@@ -11,11 +11,16 @@ use crate::crd::{BuilderImage, GpuDriverSpec};
 use crate::keys;
 
 mod marks;
+mod operands;
 mod targets;
 mod upgrade;
 
 pub use marks::Marks;
 pub(crate) use marks::{STARTUP_TAINT_EFFECT, marks, verified_driver_loaded};
+pub(crate) use operands::{
+    PAUSED as OPERAND_PAUSED, deploy_label, follows_labels, labels_taken,
+    paused as operands_paused, to_pause as operands_to_pause, to_restore as operands_to_restore,
+};
 pub use targets::Target;
 pub(crate) use targets::{
     Gate, TargetPhase, build_job_name, builds_enabled, install_gate, target_key,

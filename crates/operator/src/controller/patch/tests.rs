@@ -132,6 +132,7 @@ fn annotation_fields_carry_the_keys_names() {
         upgrade: Change::Set(UpgradeState::Draining),
         upgrade_started: s("us"),
         upgrade_cordoned: s("true"),
+        paused_operands: s("dcgm-exporter"),
     };
     let mut names: Vec<String> = body(&all).as_object().unwrap().keys().cloned().collect();
     names.sort();
@@ -146,6 +147,7 @@ fn annotation_fields_carry_the_keys_names() {
         keys::INSTALLED_AT,
         keys::JOB,
         keys::GPU,
+        keys::PAUSED_OPERANDS,
     ];
     want.extend(CLEARED_WHEN_READY);
     want.sort();
@@ -154,8 +156,19 @@ fn annotation_fields_carry_the_keys_names() {
     assert_eq!(body(&all)[keys::UPGRADE], "Draining");
     let labels = NodeLabels {
         ready: Change::Remove,
+        operands: [
+            (
+                "nvidia.com/gpu.deploy.dcgm".to_string(),
+                Some("true".to_string()),
+            ),
+            ("nvidia.com/gpu.deploy.x".to_string(), None),
+        ]
+        .into(),
     };
-    assert_eq!(body(&labels), json!({ keys::READY_LABEL: null }));
+    assert_eq!(
+        body(&labels),
+        json!({ keys::READY_LABEL: null, "nvidia.com/gpu.deploy.dcgm": "true", "nvidia.com/gpu.deploy.x": null })
+    );
 }
 
 /// The failure's and the upgrade's keys: a ready node has none.
@@ -207,4 +220,38 @@ fn the_ready_patch_sets_the_install_and_nulls_the_failure_and_upgrade() {
     assert_eq!(patch["metadata"]["labels"][keys::READY_LABEL], "true");
     assert_eq!(patch["metadata"]["resourceVersion"], "42");
     assert_eq!(patch["spec"], json!({"taints": [], "unschedulable": false}));
+    assert!(a.get(keys::PAUSED_OPERANDS).is_none(), "nothing was paused");
+
+    // An upgrade that paused two GPU Operator operands: the one still
+    // paused is deployed again, the one a user set to false meanwhile
+    // keeps the user's value, and the record goes.
+    node.metadata.annotations = Some(
+        [(
+            keys::PAUSED_OPERANDS.to_string(),
+            "dcgm-exporter,mig-manager".to_string(),
+        )]
+        .into(),
+    );
+    node.metadata.labels = Some(
+        [
+            (
+                "nvidia.com/gpu.deploy.dcgm-exporter".to_string(),
+                "paused-for-driver-upgrade".to_string(),
+            ),
+            (
+                "nvidia.com/gpu.deploy.mig-manager".to_string(),
+                "false".to_string(),
+            ),
+        ]
+        .into(),
+    );
+    let patch = body(&ready_patch(&gd, &node, "key1", "job1", &result, now, true));
+    assert_eq!(
+        patch["metadata"]["annotations"][keys::PAUSED_OPERANDS],
+        Value::Null
+    );
+    assert_eq!(
+        patch["metadata"]["labels"],
+        json!({keys::READY_LABEL: "true", "nvidia.com/gpu.deploy.dcgm-exporter": "true"})
+    );
 }
