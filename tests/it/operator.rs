@@ -26,10 +26,15 @@ const NS: &str = "gpu-driver";
 
 /// What a real `gpu-driver-installer run` writes on success or failure.
 fn run_result(reason: Reason, message: &str) -> String {
+    run_result_of(reason, message, "580.95.05")
+}
+
+/// [`run_result`] of an installer that installed driver `version`.
+fn run_result_of(reason: Reason, message: &str, version: &str) -> String {
     let mut steps = Steps::new();
     if reason == Reason::Verified {
         steps.set_installed(Installed {
-            driver_version: Some("580.95.05".into()),
+            driver_version: Some(version.into()),
             flavor: Some(gpu_driver_installer::host::ModuleFlavor::Open),
             kernel_release: Some("6.6.63-cloud-amd64".into()),
         });
@@ -1499,3 +1504,5 @@ fn a_driver_upgrade_rolls_within_max_unavailable_and_respects_a_pdb() {
     });
     drop(op);
 }
+
+mod coexist;

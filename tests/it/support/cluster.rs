@@ -52,6 +52,8 @@ pub struct Options {
     pub job_pods: JobPods,
     /// Log every API write to an audit log ([`Cluster::writes`]).
     pub audit: bool,
+    /// Run the DaemonSet controller (KWOK's nodes get DaemonSet pods).
+    pub daemonsets: bool,
 }
 
 /// One write request, from the apiserver's audit log.
@@ -222,6 +224,9 @@ impl Cluster {
         cmd.arg("up");
         if opts.audit {
             cmd.arg("--audit");
+        }
+        if opts.daemonsets {
+            cmd.arg("--daemonsets");
         }
         let out = cmd
             .arg("--dir")
