@@ -316,19 +316,27 @@ pub struct UpgradePolicy {
     pub toolkit_pod_labels: BTreeMap<String, String>,
 }
 
-/// The operands NVIDIA's driver manager pauses (NVIDIA/k8s-driver-manager;
-/// `docs/workloads.md` cites the lines).
+/// The operands NVIDIA's driver manager pauses before it unloads a driver
+/// (NVIDIA/k8s-driver-manager @bd62ca7d, cmd/driver-manager/main.go,
+/// `evictAllGPUOperatorComponents`), less the container toolkit, which
+/// holds no device open and is restarted instead (`toolkitPodLabels`), and
+/// the DRA kubelet plugin, which NVIDIA drains last, after its clients.
 fn default_gpu_operator_operands() -> Vec<String> {
     [
+        "operator-validator",
         "device-plugin",
         "gpu-feature-discovery",
         "dcgm-exporter",
         "dcgm",
         "mig-manager",
         "nvsm",
-        "sandbox-device-plugin",
         "sandbox-validator",
+        "sandbox-device-plugin",
         "vgpu-device-manager",
+        "dra-validator",
+        "dcgm-dra",
+        "dcgm-exporter-dra",
+        "client",
     ]
     .map(String::from)
     .to_vec()
