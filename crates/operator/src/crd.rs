@@ -320,7 +320,10 @@ pub struct UpgradePolicy {
 /// (NVIDIA/k8s-driver-manager @bd62ca7d, cmd/driver-manager/main.go,
 /// `evictAllGPUOperatorComponents`), less the container toolkit, which
 /// holds no device open and is restarted instead (`toolkitPodLabels`), and
-/// the DRA kubelet plugin, which NVIDIA drains last, after its clients.
+/// the DRA kubelet plugin, which NVIDIA drains last, after its clients;
+/// plus the node status exporter, which NVIDIA leaves running although it
+/// runs `nvidia-smi` on the host every 60 s (gpu-operator @a22dbf67,
+/// cmd/nvidia-validator/metrics.go).
 fn default_gpu_operator_operands() -> Vec<String> {
     [
         "operator-validator",
@@ -337,6 +340,7 @@ fn default_gpu_operator_operands() -> Vec<String> {
         "dcgm-dra",
         "dcgm-exporter-dra",
         "client",
+        "node-status-exporter",
     ]
     .map(String::from)
     .to_vec()
