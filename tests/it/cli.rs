@@ -213,6 +213,60 @@ fn driver_version_flag_wins_and_is_validated() {
     assert!(r.message().contains("--driver-version"));
 }
 
+/// The branches users run beside NVIDIA's GPU Operator today: R595 (its
+/// v26.7.0 default, 595.91.07) and R610 resolve to a package with a known
+/// digest on both CPUs, from the XFree86 host the digest was taken from.
+#[test]
+fn r595_and_r610_resolve_with_a_known_checksum() {
+    let cases = [
+        (
+            "gardenlinux-2150-h100",
+            "595.91.07",
+            "ca23c88dd24b07a191644e1e11cfb7bcdd7537305749af40f980018b095e6313",
+        ),
+        (
+            "gardenlinux-2150-h100",
+            "595.104.02",
+            "e421c202e4c79f58c3c7f3161bbe71454ebb3d88936f88205a0e327cd04c59ca",
+        ),
+        (
+            "gardenlinux-2150-h100",
+            "610.57.04",
+            "b2e935c66b83bb00c0c857bc8e0ee0fd52de9286b40c9cc1eec29a7ce7eb116d",
+        ),
+        (
+            "gardenlinux-1877-arm64-t4g",
+            "610.57.04",
+            "40279facc0429a93b0b8ec97bf59391a3d2207609894f8271b7253a14c3f8f9e",
+        ),
+    ];
+    for (host, version, sha) in cases {
+        let fixture: Value = serde_json::from_str(
+            &fs::read_to_string(fixture(host).join("expected.json"))
+                .unwrap_or_else(|_| "{}".into()),
+        )
+        .unwrap_or(Value::Null);
+        let args = with_arch(&fixture, &["resolve", "--driver-version", version]);
+        let r = run_on(host, &args);
+        let s = &r.doc["status"];
+        assert_eq!(r.code, 0, "{host} {version}: {s}");
+        assert_eq!(s["driverBranch"], version.split('.').next().unwrap());
+        assert_eq!(s["package"]["sha256"], sha, "{host} {version}");
+        assert_eq!(s["package"]["checksumKnown"], true);
+        let arch = if host.contains("arm64") {
+            "aarch64"
+        } else {
+            "x86_64"
+        };
+        assert_eq!(
+            s["package"]["url"],
+            format!(
+                "https://download.nvidia.com/XFree86/Linux-{arch}/{version}/NVIDIA-Linux-{arch}-{version}.run"
+            )
+        );
+    }
+}
+
 #[test]
 fn default_branch_and_policy_are_reported() {
     let r = run_on("gardenlinux-2150-h100", &["resolve"]);
@@ -375,7 +429,13 @@ fn catalog_exclusions_refuse_known_broken_pairs() {
     .unwrap();
     let r = run_on(
         "debian-13-hgx-a100",
-        &["--catalog", cat.to_str().unwrap(), "resolve"],
+        &[
+            "--catalog",
+            cat.to_str().unwrap(),
+            "resolve",
+            "--driver-version",
+            "550.163.01",
+        ],
     );
     let s = &r.doc["status"];
     assert_eq!(r.code, 11);
@@ -607,6 +667,8 @@ fn the_embedded_catalog_refuses_measured_broken_pairs() {
             "--kernel-release",
             "6.12.117+deb13-cloud-amd64",
             "resolve",
+            "--driver-version",
+            "550.163.01",
             "--flavor",
             "open",
         ],
@@ -617,7 +679,13 @@ fn the_embedded_catalog_refuses_measured_broken_pairs() {
     // The proprietary flavor of the same pair builds, and auto picks it.
     let r = run_on(
         "debian-13-hgx-a100",
-        &["--kernel-release", "6.12.117+deb13-cloud-amd64", "resolve"],
+        &[
+            "--kernel-release",
+            "6.12.117+deb13-cloud-amd64",
+            "resolve",
+            "--driver-version",
+            "550.163.01",
+        ],
     );
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
