@@ -133,7 +133,36 @@ impl Config {
             .map_or("embedded".into(), |p| p.display().to_string())
     }
 
+    /// The catalog a command installs by. One given with `--catalog` (a
+    /// GpuDriver's ConfigMap, mounted into its Jobs) must pass every check
+    /// of `catalog-check` first (every default resolves to a release with a
+    /// digest): a catalog from outside the binary never relaxes what is
+    /// verified, and an incomplete one fails here, before any download.
     pub fn load_catalog(&self) -> Result<Catalog> {
+        let catalog = self.load_catalog_unchecked()?;
+        if self.catalog.is_some() {
+            let problems = catalog.check();
+            if !problems.is_empty() {
+                return Err(Error::new(
+                    Failure::CatalogInvalid,
+                    format!(
+                        "{}: {} problem(s): {}",
+                        catalog.origin,
+                        problems.len(),
+                        problems.join("; ")
+                    ),
+                )
+                .with_hint(
+                    "run `gpu-driver-installer --catalog FILE catalog-check` and fix what it lists",
+                ));
+            }
+        }
+        Ok(catalog)
+    }
+
+    /// The catalog as parsed, for `catalog-check` (which reports the
+    /// problems) and `matrix-exclusions`.
+    pub fn load_catalog_unchecked(&self) -> Result<Catalog> {
         match &self.catalog {
             Some(p) => Catalog::load(p),
             None => Catalog::embedded(),
