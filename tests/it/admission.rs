@@ -308,8 +308,18 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
         "writeSecretName": "gpu-driver-cache-writer"});
     let mut cached = with_cache(gpudriver("cached", &builder(), &installer(), &[]), cache);
     cached["spec"]["build"] = json!({"nodeSelector": {"pool": "build"}});
+    // A catalog ConfigMap: it decides which drivers and digests the nodes
+    // install, so only the names the owner lists.
+    let mut catalog = gpudriver("own-catalog", &builder(), &installer(), &[]);
+    catalog["spec"]["driver"] = json!({"catalogConfigMap": "drivers-2026-12"});
     assert_refused(&c, "own registry, not yet allowed", &own_gd, &[]);
     assert_refused(&c, "own cache, not yet allowed", &cached, &[]);
+    assert_refused(
+        &c,
+        "catalog ConfigMap, not yet allowed",
+        &catalog,
+        &["driver.catalogConfigMap drivers-2026-12 is not an allowed catalog".to_string()],
+    );
     set_owner_list(
         &c,
         0,
@@ -318,10 +328,19 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
     set_owner_list(&c, 1, "['s3://gpu-driver-cache/cluster-a']");
     set_owner_list(&c, 2, "['gpu-driver-cache', 'shared']");
     set_owner_list(&c, 4, "['gpu-driver-cache-writer', 'shared']");
+    set_owner_list(&c, 5, "['drivers-2026-12']");
     eventually("the edited lists are enforced", || {
         admit(&c, &own_gd)?;
+        admit(&c, &catalog)?;
         admit(&c, &cached).map(|_| ())
     });
+    catalog["spec"]["driver"] = json!({"catalogConfigMap": "drivers-2026-12-evil"});
+    assert_refused(
+        &c,
+        "another catalog ConfigMap",
+        &catalog,
+        &["must be one of [drivers-2026-12]".to_string()],
+    );
     let sibling = format!("registry.example.com/gpu-driver-other/builder{}", digest());
     assert_refused(
         &c,

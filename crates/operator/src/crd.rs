@@ -140,6 +140,17 @@ pub struct DriverPolicy {
     /// Kernel module flavor.
     #[serde(default)]
     pub flavor: Flavor,
+    /// A ConfigMap in the operator's namespace whose key `catalog.toml`
+    /// replaces the installer's embedded catalog (driver releases and
+    /// their sha256 digests, policies, exclusions): a driver NVIDIA shipped
+    /// after this release installs without a new one. Every Job mounts it
+    /// read-only and passes it as `--catalog`; the installer refuses it
+    /// unless it passes every check of `catalog-check` (every default has a
+    /// digest), and every download is still checked against its digest.
+    /// Whoever can write that ConfigMap decides which drivers the GPU nodes
+    /// load: the admission policy allows only the names its owner lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog_config_map: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

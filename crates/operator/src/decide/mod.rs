@@ -223,13 +223,17 @@ fn short_hash(parts: &[&str]) -> String {
 /// (a reboot unloads the modules), the driver policy and flavor. The key
 /// is stored on the node when installed; any change means reinstall.
 pub fn desired_key(spec: &GpuDriverSpec, node: &NodeFacts) -> String {
-    short_hash(&[
-        &node.kernel,
+    let mut parts = vec![
+        node.kernel.as_str(),
         &node.os_image,
         &node.boot_id,
         spec.driver.version.as_deref().unwrap_or("auto"),
         spec.driver.flavor.as_str(),
-    ])
+    ];
+    // Another catalog may pick another default: a new key, a reinstall.
+    // Without one, keys stay what they were.
+    parts.extend(spec.driver.catalog_config_map.as_deref());
+    short_hash(&parts)
 }
 
 str_enum! {

@@ -79,13 +79,15 @@ pub(crate) fn builds_enabled(spec: &GpuDriverSpec) -> bool {
 /// The target's key under the current driver policy: a new driver version
 /// or flavor is a new target.
 pub(crate) fn target_key(spec: &GpuDriverSpec, t: &Target) -> String {
-    short_hash(&[
-        &t.os_image,
+    let mut parts = vec![
+        t.os_image.as_str(),
         &t.kernel,
         &t.arch,
         spec.driver.version.as_deref().unwrap_or("auto"),
         spec.driver.flavor.as_str(),
-    ])
+    ];
+    parts.extend(spec.driver.catalog_config_map.as_deref());
+    short_hash(&parts)
 }
 
 /// The build Job's name: one per target and attempt, cluster-wide (a

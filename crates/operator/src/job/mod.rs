@@ -41,6 +41,10 @@ pub(crate) const INSTALLER_PATH: &str = "/opt/gpu-driver/gpu-driver-installer";
 pub(crate) const INSTALLER_IN_IMAGE: &str = "/gpu-driver-installer";
 /// The Job pods' ServiceAccount: no RBAC bindings, token not mounted.
 pub(crate) const SERVICE_ACCOUNT: &str = "gpu-driver-installer";
+/// Where a GpuDriver's catalog ConfigMap is mounted in its Jobs.
+pub(crate) const CATALOG_DIR: &str = "/etc/gpu-driver/catalog";
+/// The ConfigMap's key, and the file it becomes.
+pub(crate) const CATALOG_KEY: &str = "catalog.toml";
 
 /// What the controller decided to run.
 #[derive(Debug, Clone)]
@@ -146,6 +150,9 @@ pub(crate) fn installer_args(gd: &GpuDriver, req: &JobRequest<'_>) -> Vec<String
     let mut args: Vec<String> = ["--host-root", host_root, "--log-level", "info"]
         .map(String::from)
         .to_vec();
+    if spec.driver.catalog_config_map.is_some() {
+        args.extend(["--catalog".into(), format!("{CATALOG_DIR}/{CATALOG_KEY}")]);
+    }
     let driver = |args: &mut Vec<String>| {
         args.extend(["--flavor".into(), spec.driver.flavor.as_str().into()]);
         if let Some(v) = &spec.driver.version {
@@ -628,6 +635,86 @@ mod tests {
     /// serves (NVIDIA's PCI label, or this GpuDriver's selector) unless the
     /// owner allows it, and takes its own tolerations, not the install
     /// Jobs' (which let pods onto GPU nodes).
+    /// A GpuDriver naming a catalog ConfigMap: every Job mounts its
+    /// `catalog.toml` read-only and hands it to the installer as the
+    /// global `--catalog`; the key changes, so nodes reinstall by it.
+    #[test]
+    fn a_catalog_configmap_reaches_every_job_as_catalog() {
+        let mut g = gd();
+        let plain = g.clone();
+        g.spec.driver.catalog_config_map = Some("drivers-2026-12".into());
+        // Detect Jobs share the install pod's spec.
+        for kind in [TemplateKind::Install, TemplateKind::Build] {
+            let pod = |g: &GpuDriver| {
+                example(
+                    g,
+                    "n1",
+                    "Garden Linux 1877.3",
+                    "6.12.44-cloud-amd64",
+                    "ns",
+                    kind,
+                )
+                .unwrap()
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+            };
+            let p = pod(&g);
+            let vol = p
+                .volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|v| v.name == "catalog");
+            let cm = vol
+                .and_then(|v| v.config_map.as_ref())
+                .expect("catalog volume");
+            assert_eq!(cm.name, "drivers-2026-12");
+            assert_eq!(cm.items.as_ref().unwrap()[0].key, "catalog.toml");
+            let main = p
+                .containers
+                .iter()
+                .find(|c| c.name == MAIN_CONTAINER)
+                .unwrap();
+            let mount = main
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|m| m.name == "catalog");
+            assert_eq!(
+                mount.map(|m| (m.mount_path.as_str(), m.read_only)),
+                Some(("/etc/gpu-driver/catalog", Some(true)))
+            );
+            let args = main.args.as_ref().unwrap().join(" ");
+            assert!(
+                args.starts_with("--host-root")
+                    && args.contains(
+                        " --log-level info --catalog /etc/gpu-driver/catalog/catalog.toml "
+                    ),
+                "{kind:?}: {args}"
+            );
+            let p = pod(&plain);
+            assert!(!p.volumes.unwrap().iter().any(|v| v.name == "catalog"));
+            let main = p
+                .containers
+                .iter()
+                .find(|c| c.name == MAIN_CONTAINER)
+                .unwrap();
+            assert!(!main.args.as_ref().unwrap().join(" ").contains("--catalog"));
+        }
+        let node = crate::decide::NodeFacts {
+            kernel: "6.12.44-cloud-amd64".into(),
+            ..Default::default()
+        };
+        assert_ne!(
+            crate::decide::desired_key(&g.spec, &node),
+            crate::decide::desired_key(&plain.spec, &node)
+        );
+    }
+
     #[test]
     fn build_jobs_stay_off_the_gpu_nodes_they_serve() {
         let mut g = gd_with_two_secrets();

@@ -2,15 +2,16 @@
 //! and the unprivileged, scheduled build pod.
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, EmptyDirVolumeSource, EnvFromSource, NodeAffinity,
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, SecretEnvSource, SecurityContext, Toleration, Volume,
-    VolumeMount,
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvFromSource,
+    KeyToPath, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecretEnvSource,
+    SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{
-    INSTALLER_DIR, INSTALLER_IN_IMAGE, INSTALLER_PATH, JobRequest, SERVICE_ACCOUNT, installer_args,
+    CATALOG_DIR, CATALOG_KEY, INSTALLER_DIR, INSTALLER_IN_IMAGE, INSTALLER_PATH, JobRequest,
+    SERVICE_ACCOUNT, installer_args,
 };
 use crate::crd::GpuDriver;
 use crate::decide::JobRole;
@@ -36,13 +37,53 @@ pub(super) fn pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
             .then(|| spec.image_pull_secrets.clone()),
         init_containers: Some(vec![copy_container(gd)]),
         containers: vec![installer_container(gd, req)],
-        volumes: Some(vec![Volume {
-            name: VOLUME.into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        }]),
+        volumes: Some(with_catalog(
+            gd,
+            vec![Volume {
+                name: VOLUME.into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            }],
+        )),
         ..Default::default()
     }
+}
+
+const CATALOG_VOLUME: &str = "catalog";
+
+/// `volumes` and the GpuDriver's catalog ConfigMap, when it names one
+/// (only its `catalog.toml` key becomes a file).
+fn with_catalog(gd: &GpuDriver, mut volumes: Vec<Volume>) -> Vec<Volume> {
+    if let Some(name) = &gd.spec.driver.catalog_config_map {
+        volumes.push(Volume {
+            name: CATALOG_VOLUME.into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: name.clone(),
+                items: Some(vec![KeyToPath {
+                    key: CATALOG_KEY.into(),
+                    path: CATALOG_KEY.into(),
+                    mode: None,
+                }]),
+                optional: Some(false),
+                default_mode: None,
+            }),
+            ..Default::default()
+        });
+    }
+    volumes
+}
+
+/// `mounts` and the catalog's, read-only, when the GpuDriver names one.
+fn with_catalog_mount(gd: &GpuDriver, mut mounts: Vec<VolumeMount>) -> Vec<VolumeMount> {
+    if gd.spec.driver.catalog_config_map.is_some() {
+        mounts.push(VolumeMount {
+            name: CATALOG_VOLUME.into(),
+            mount_path: CATALOG_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    mounts
 }
 
 /// Where `prebuild` keeps the package, the headers and the build tree:
@@ -83,11 +124,14 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
                 .as_ref()
                 .and_then(|c| c.write_secret_name.clone()),
         ),
-        volume_mounts: Some(vec![
-            mount(VOLUME, INSTALLER_DIR, true),
-            mount(BUILD_SCRATCH, BUILD_CACHE_DIR, false),
-            mount(BUILD_TMP, "/tmp", false),
-        ]),
+        volume_mounts: Some(with_catalog_mount(
+            gd,
+            vec![
+                mount(VOLUME, INSTALLER_DIR, true),
+                mount(BUILD_SCRATCH, BUILD_CACHE_DIR, false),
+                mount(BUILD_TMP, "/tmp", false),
+            ],
+        )),
         security_context: Some(unprivileged()),
         resources: Some(
             spec.build
@@ -122,7 +166,10 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
         }),
         init_containers: Some(vec![copy_container(gd)]),
         containers: vec![main],
-        volumes: Some(vec![empty(VOLUME), empty(BUILD_SCRATCH), empty(BUILD_TMP)]),
+        volumes: Some(with_catalog(
+            gd,
+            vec![empty(VOLUME), empty(BUILD_SCRATCH), empty(BUILD_TMP)],
+        )),
         ..Default::default()
     }
 }
@@ -257,12 +304,15 @@ fn installer_container(gd: &GpuDriver, req: &JobRequest<'_>) -> Container {
         command: Some(vec![INSTALLER_PATH.into()]),
         args: Some(installer_args(gd, req)),
         env_from: cache_credentials(gd, req),
-        volume_mounts: Some(vec![VolumeMount {
-            name: VOLUME.into(),
-            mount_path: INSTALLER_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(with_catalog_mount(
+            gd,
+            vec![VolumeMount {
+                name: VOLUME.into(),
+                mount_path: INSTALLER_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            }],
+        )),
         // finit_module, mknod and /dev/kmsg need it; detect only reads
         // /proc/1/root, which hostPID and root already allow.
         security_context: Some(SecurityContext {
