@@ -272,7 +272,7 @@ fn timeout_message(policy: &crate::crd::UpgradePolicy, pods: &Holding) -> String
     if !pods.followers.is_empty() {
         let names: Vec<String> = pods.names().into_iter().skip(pods.gpu.len()).collect();
         parts.push(format!(
-            "pods of paused DaemonSets not yet deleted (is their DaemonSet controller running?): {}",
+            "pods of DaemonSets whose node label the upgrade took away, not yet deleted (is the DaemonSet controller running?): {}",
             names.join(", ")
         ));
     }
@@ -461,4 +461,55 @@ pub(super) async fn restart_toolkit(ctx: &Context, gd: &GpuDriver, node: &str) -
     pods.iter()
         .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, selector: Option<(&str, &str)>) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": ns, "name": name},
+            "spec": {
+                "containers": [],
+                "nodeSelector": selector.map(|(k, v)| serde_json::json!({k: v})),
+            }
+        }))
+        .unwrap()
+    }
+
+    /// A timed-out drain names every pod still there, GPU pods and the
+    /// paused operands' pods apart; a pod selecting a label the upgrade did
+    /// not take is not waited for.
+    #[test]
+    fn a_timed_out_drain_names_what_still_holds_the_node() {
+        let taken = decide::labels_taken(&["dcgm-exporter".to_string()]);
+        let dcgm = pod(
+            "gpu-operator",
+            "nvidia-dcgm-exporter-x",
+            Some(("nvidia.com/gpu.deploy.dcgm-exporter", "true")),
+        );
+        let toolkit = pod(
+            "gpu-operator",
+            "toolkit-x",
+            Some(("nvidia.com/gpu.deploy.container-toolkit", "true")),
+        );
+        assert!(follows(&dcgm, &taken));
+        assert!(!follows(&toolkit, &taken));
+        assert!(!follows(&pod("a", "b", None), &taken));
+        let held = Holding {
+            gpu: vec![pod("work", "train-1", None)],
+            followers: vec![dcgm],
+        };
+        let policy = crate::crd::UpgradePolicy {
+            drain_timeout_seconds: 600,
+            ..Default::default()
+        };
+        assert_eq!(
+            timeout_message(&policy, &held),
+            "still on the node after 600s: GPU pods (evictions refused, e.g. by a PodDisruptionBudget): work/train-1; \
+             pods of DaemonSets whose node label the upgrade took away, not yet deleted (is the DaemonSet controller running?): gpu-operator/nvidia-dcgm-exporter-x"
+        );
+        assert_eq!(held.len(), 2);
+    }
 }
