@@ -205,7 +205,7 @@ pub fn verify(opts: &VerifyOptions) -> VerifyResult {
     let result = step::attempt(status, |status| {
         let smi_result = gpu_count(opts.root).and_then(|count| {
             status.expected_gpu_count = Some(count);
-            smi_check(&smi, status, count)
+            smi_check(opts.root, &smi, status, count)
         });
         let cuda = cuda::check(opts.root, &libcuda, status.expected_gpu_count);
         let done = combine(smi_result, &cuda);
@@ -256,7 +256,7 @@ fn gpu_count(root: &HostRoot) -> Result<usize> {
         .count())
 }
 
-fn smi_check(smi: &Path, st: &mut VerifyStatus, count: usize) -> Result<String> {
+fn smi_check(root: &HostRoot, smi: &Path, st: &mut VerifyStatus, count: usize) -> Result<String> {
     if !smi.is_file() {
         return Err(Error::new(
             Failure::VerifyFailed,
@@ -266,25 +266,72 @@ fn smi_check(smi: &Path, st: &mut VerifyStatus, count: usize) -> Result<String> 
             "the artifact carried no user space (built from module sources without one); build from NVIDIA's .run, install nvidia-smi into the driver root's usr/bin/, or pass --nvidia-smi",
         ));
     }
-    let mut cmd = crate::process::command(smi);
-    cmd.args(SMI_ARGS);
     // The driver root's own libraries (libnvidia-ml) before the system's.
-    let mut libs: Vec<String> = Vec::new();
+    let mut libs: Vec<PathBuf> = Vec::new();
     for dir in smi.ancestors().skip(2).take(2) {
         for l in [crate::userspace::lib_dir(), "lib".into(), "lib64".into()] {
             let p = dir.join(l);
-            let shown = p.display().to_string();
-            if p.is_dir() && !libs.contains(&shown) {
-                libs.push(shown);
+            if p.is_dir() && !libs.contains(&p) {
+                libs.push(p);
             }
         }
     }
-    if !libs.is_empty() {
-        cmd.env("LD_LIBRARY_PATH", libs.join(":"));
-    }
+    let mut cmd = smi_command(root, smi, &libs);
+    cmd.args(SMI_ARGS);
     let out = crate::process::run_within(&mut cmd, Failure::VerifyFailed, SMI_DEADLINE)?;
     st.gpus = parse_smi_csv(&String::from_utf8_lossy(&out.stdout))?;
     check(&st.gpus, st.expected_driver_version.as_deref(), count)
+}
+
+/// How `nvidia-smi` is started. NVIDIA's is a dynamically linked ELF: from
+/// an image without a dynamic loader (the installer image is `FROM
+/// scratch`, what a node that installs a cached artifact runs in) it
+/// cannot be executed directly, so it runs under the host's loader from
+/// the host root with the driver root's and the host's libraries, as the
+/// CUDA check does. Anything else (a script given with `--nvidia-smi`), or
+/// a host root without a loader, is executed directly, with the driver
+/// root's libraries first on `LD_LIBRARY_PATH`.
+fn smi_command(root: &HostRoot, smi: &Path, libs: &[PathBuf]) -> std::process::Command {
+    let elf = std::fs::File::open(smi)
+        .and_then(|mut f| {
+            let mut magic = [0u8; 4];
+            std::io::Read::read_exact(&mut f, &mut magic).map(|()| magic)
+        })
+        .is_ok_and(|m| m == *b"\x7fELF");
+    let joined = |dirs: &[PathBuf]| -> Option<std::ffi::OsString> {
+        let mut out = std::ffi::OsString::new();
+        for (i, d) in dirs.iter().enumerate() {
+            if d.as_os_str().as_encoded_bytes().contains(&b':') {
+                return None;
+            }
+            if i > 0 {
+                out.push(":");
+            }
+            out.push(d);
+        }
+        Some(out)
+    };
+    if elf && let Ok(loader) = cuda::find_loader(root) {
+        let mut dirs = libs.to_vec();
+        for d in cuda::library_path(root, smi).into_iter().skip(1) {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+        if let Some(path) = joined(&dirs) {
+            let mut cmd = crate::process::command(&loader);
+            cmd.arg("--inhibit-cache")
+                .arg("--library-path")
+                .arg(path)
+                .arg(smi);
+            return cmd;
+        }
+    }
+    let mut cmd = crate::process::command(smi);
+    if let Some(path) = joined(libs).filter(|p| !p.is_empty()) {
+        cmd.env("LD_LIBRARY_PATH", path);
+    }
+    cmd
 }
 
 #[cfg(test)]

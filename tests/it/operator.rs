@@ -279,6 +279,7 @@ fn manifests_are_accepted_by_the_apiserver() {
     for want in [
         "deploy/operator.yaml",
         "deploy/job-template.yaml",
+        "deploy/cached-job-template.yaml",
         "deploy/build-job-template.yaml",
         "deploy/examples/gpudriver.yaml",
         "deploy/examples/cuda-vectoradd.yaml",
@@ -1183,7 +1184,13 @@ fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
         ),
         "{args}"
     );
-    assert!(!args.contains("--no-compile"), "{args}");
+    // Cached: the installer image alone, never compiling (the builder
+    // image and compiling come back only after a failed attempt).
+    assert!(args.ends_with("--no-compile"), "{args}");
+    assert_eq!(
+        install["spec"]["template"]["spec"]["containers"][0]["image"],
+        "gpu-driver-installer:test"
+    );
     assert_eq!(jobs_of(&c, "build").len(), 1, "one build per target");
 
     // A new kernel: its build Job first; the install waits for it.

@@ -57,6 +57,17 @@ fn crd_and_job_template_match_the_rust_types() {
         read("deploy/job-template.yaml"),
         "deploy/job-template.yaml drifted: run `gpu-driver-operator job-template --gpudriver deploy/examples/gpudriver.yaml > deploy/job-template.yaml`"
     );
+    let cached = operator(&[
+        "job-template",
+        "--cached",
+        "--gpudriver",
+        "deploy/examples/gpudriver.yaml",
+    ]);
+    assert_eq!(
+        cached,
+        read("deploy/cached-job-template.yaml"),
+        "deploy/cached-job-template.yaml drifted: run `gpu-driver-operator job-template --cached --gpudriver deploy/examples/gpudriver.yaml > deploy/cached-job-template.yaml`"
+    );
     let build = operator(&[
         "job-template",
         "--kind",

@@ -141,7 +141,10 @@ async fn install(
             pinned = entry.unwrap_or_default();
             req.expect_sha256 = Some(expect.as_str()).filter(|e| !e.is_empty());
             req.cache_entry = Some(pinned.as_str()).filter(|e| !e.is_empty());
-            req.compile = compile;
+            let failures = decide::failures(&f, key);
+            let cached = req.expect_sha256.is_some();
+            (req.image, req.compile) =
+                decide::install_image(&gd.spec, image, cached, compile, failures);
         }
         (Gate::Wait, _) => return Ok(Action::requeue(Duration::from_secs(60))),
         (Gate::Refuse { reason, message }, retry) => {

@@ -174,6 +174,27 @@ pub(crate) fn install_gate(spec: &GpuDriverSpec, phase: Option<&TargetPhase>) ->
     }
 }
 
+/// Which image an install Job runs in, and whether it may compile. A
+/// node whose target's artifact is cached (the gate hands over the build
+/// Job's digest) needs no compiler: it installs from the installer image
+/// alone (a few MiB, instead of a builder image of hundreds) with
+/// `--no-compile`. After a failed attempt for this key (a damaged or
+/// vanished entry, say) it goes back to the builder image and compiles
+/// where `compile` allows, as before.
+pub(crate) fn install_image<'a>(
+    spec: &'a GpuDriverSpec,
+    builder_image: &'a str,
+    cached: bool,
+    compile: bool,
+    failures: u32,
+) -> (&'a str, bool) {
+    if cached && failures == 0 {
+        (spec.installer_image.as_str(), false)
+    } else {
+        (builder_image, compile)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,5 +296,27 @@ mod tests {
             install_gate(&s, None),
             Gate::Refuse { reason, .. } if reason == "NoBuildTarget"
         ));
+    }
+
+    #[test]
+    fn a_cached_artifact_installs_from_the_installer_image_until_it_fails() {
+        let mut s = spec();
+        s.installer_image = "installer:1".into();
+        assert_eq!(
+            install_image(&s, "builder:1", true, true, 0),
+            ("installer:1", false)
+        );
+        assert_eq!(
+            install_image(&s, "builder:1", true, true, 1),
+            ("builder:1", true)
+        );
+        assert_eq!(
+            install_image(&s, "builder:1", true, false, 2),
+            ("builder:1", false)
+        );
+        assert_eq!(
+            install_image(&s, "builder:1", false, true, 0),
+            ("builder:1", true)
+        );
     }
 }

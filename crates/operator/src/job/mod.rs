@@ -327,12 +327,18 @@ pub enum NoJob {
 /// Which Job `job-template` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TemplateKind {
+    /// The install Job of a node whose artifact is not cached: the builder
+    /// image, compiling on the node.
     Install,
+    /// The install Job of a node whose target's build Job stored the
+    /// artifact: the installer image alone, `--no-compile`.
+    CachedInstall,
     Build,
 }
 
 /// The install or build Job for a made-up GPU node: what
-/// `deploy/job-template.yaml` and `deploy/build-job-template.yaml` show.
+/// `deploy/job-template.yaml`, `deploy/cached-job-template.yaml` and
+/// `deploy/build-job-template.yaml` show.
 pub(crate) fn example(
     gd: &GpuDriver,
     node: &str,
@@ -371,11 +377,16 @@ pub(crate) fn example(
         } => {
             let mut req =
                 JobRequest::node_job(JobRole::Install, &job, namespace, node, &image, &key);
-            req.compile = gd.spec.build.compile_on_node;
-            // What the operator passes once the target's build Job stored
-            // the artifact: its digest.
-            req.expect_sha256 = Some(EXAMPLE_DIGEST);
-            req.cache_entry = Some(EXAMPLE_ENTRY);
+            if kind == TemplateKind::CachedInstall {
+                // What the operator passes once the target's build Job
+                // stored the artifact: its digest and entry.
+                req.expect_sha256 = Some(EXAMPLE_DIGEST);
+                req.cache_entry = Some(EXAMPLE_ENTRY);
+            }
+            let compile = gd.spec.build.compile_on_node;
+            let cached = req.expect_sha256.is_some();
+            (req.image, req.compile) =
+                crate::decide::install_image(&gd.spec, &image, cached, compile, 0);
             Ok(build(gd, &req))
         }
         other => Err(NoJob::Install(other)),
@@ -611,12 +622,16 @@ mod tests {
             "Garden Linux 1877.3",
             "6.12.44-cloud-amd64",
             "gpu-driver",
-            TemplateKind::Install,
+            TemplateKind::CachedInstall,
         )
         .unwrap();
         let main = &job.spec.unwrap().template.spec.unwrap().containers[0];
         let secrets = secret_names(main);
         assert_eq!(secrets, ["cache-reader"]);
+        // Cached: the installer image alone, as root, never compiling.
+        assert_eq!(main.image.as_deref(), Some("installer:1"));
+        let sc = main.security_context.as_ref().unwrap();
+        assert_eq!((sc.privileged, sc.run_as_user), (Some(true), Some(0)));
         let args = main.args.as_ref().unwrap().join(" ");
         assert!(
             args.ends_with(&format!(

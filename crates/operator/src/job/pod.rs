@@ -317,6 +317,9 @@ fn installer_container(gd: &GpuDriver, req: &JobRequest<'_>) -> Container {
         // /proc/1/root, which hostPID and root already allow.
         security_context: Some(SecurityContext {
             privileged: Some(req.role == JobRole::Install),
+            // Root for an install whatever the image's USER: the installer
+            // image runs as nobody by default.
+            run_as_user: (req.role == JobRole::Install).then_some(0),
             ..Default::default()
         }),
         resources: Some(match req.role {
