@@ -494,12 +494,12 @@ mod tests {
         let k612 = KernelVersion::parse("6.12.57+deb13-cloud-amd64");
         assert_eq!(
             c.policy_for("debian", Some("12"), k61).unwrap().branch,
-            "535"
+            "580"
         );
         assert!(c.policy_for("debian", Some("12"), k612).is_none());
         assert_eq!(
             c.policy_for("debian", Some("13"), k612).unwrap().branch,
-            "550"
+            "580"
         );
         let k66 = KernelVersion::parse("6.6.63-cloud-amd64");
         assert_eq!(
