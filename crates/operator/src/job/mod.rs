@@ -413,6 +413,24 @@ mod tests {
             .collect()
     }
 
+    /// The pod of the example Job of `kind` for a Garden Linux 1877.3 node.
+    fn example_pod(g: &GpuDriver, kind: TemplateKind) -> k8s_openapi::api::core::v1::PodSpec {
+        example(
+            g,
+            "n1",
+            "Garden Linux 1877.3",
+            "6.12.44-cloud-amd64",
+            "ns",
+            kind,
+        )
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+    }
+
     fn gd() -> GpuDriver {
         let mut gd = GpuDriver::new(
             "default",
@@ -660,22 +678,7 @@ mod tests {
         g.spec.driver.catalog_config_map = Some("drivers-2026-12".into());
         // Detect Jobs share the install pod's spec.
         for kind in [TemplateKind::Install, TemplateKind::Build] {
-            let pod = |g: &GpuDriver| {
-                example(
-                    g,
-                    "n1",
-                    "Garden Linux 1877.3",
-                    "6.12.44-cloud-amd64",
-                    "ns",
-                    kind,
-                )
-                .unwrap()
-                .spec
-                .unwrap()
-                .template
-                .spec
-                .unwrap()
-            };
+            let pod = |g: &GpuDriver| example_pod(g, kind);
             let p = pod(&g);
             let vol = p
                 .volumes
@@ -740,22 +743,7 @@ mod tests {
             ..Default::default()
         }];
         g.spec.build.node_selector = [("pool".to_string(), "build".to_string())].into();
-        let pod = |g: &GpuDriver| {
-            example(
-                g,
-                "n1",
-                "Garden Linux 1877.3",
-                "6.12.44-cloud-amd64",
-                "ns",
-                TemplateKind::Build,
-            )
-            .unwrap()
-            .spec
-            .unwrap()
-            .template
-            .spec
-            .unwrap()
-        };
+        let pod = |g: &GpuDriver| example_pod(g, TemplateKind::Build);
         let p = pod(&g);
         assert_eq!(p.tolerations, None, "the install Jobs' tolerations");
         let terms = p
