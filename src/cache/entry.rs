@@ -105,10 +105,6 @@ impl Found {
     fn corrupt(why: String) -> Found {
         Found::Corrupt(Error::new(Failure::ArtifactInvalid, why))
     }
-
-    fn unavailable(why: String) -> Found {
-        Found::Unavailable(Error::new(Failure::DownloadFailed, why))
-    }
 }
 
 /// What an entry's key must be.
@@ -182,51 +178,56 @@ pub(super) fn read_entry(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
+    if let Err(e) = check_entry_modules(&entry) {
+        return Found::Corrupt(e);
+    }
     let rel = format!("{dir}/{}", entry.artifact);
-    let got = match store.get_to_file(&rel, parent, entry.artifact_size_bytes) {
+    // Checked as it streams in (every file inside against the build
+    // manifest, on a thread of its own): the file is read once.
+    let inner = entry.manifest.clone();
+    let check: super::tee::StreamCheck =
+        Box::new(move |r| crate::artifact::check_reader(r, &inner));
+    let got = match store.get_to_file(&rel, parent, entry.artifact_size_bytes, Some(check)) {
         Ok(Some(d)) => d,
         Ok(None) => return Found::corrupt(format!("{} is missing", entry.artifact)),
         Err(e) if e.reason == Failure::ArtifactInvalid => return Found::Corrupt(e),
         Err(e) => return Found::Unavailable(e),
     };
     status.bytes_downloaded += got.size;
-    if let Err(e) = verify_artifact(&got, &entry) {
-        return Found::Corrupt(e);
+    let file = match verify_artifact(got, &entry) {
+        Ok(f) => f,
+        Err(e) => return Found::Corrupt(e),
+    };
+    match place(file, artifact) {
+        Ok(()) => Found::Hit(Box::new(entry)),
+        Err(e) => Found::Unavailable(e),
     }
+}
+
+/// The verified download, readable by all, renamed to `artifact`.
+fn place(file: tempfile::NamedTempFile, artifact: &Path) -> Result<()> {
     let mode = std::os::unix::fs::PermissionsExt::from_mode(0o644);
-    if let Err(e) = std::fs::set_permissions(got.file.path(), mode) {
-        return Found::unavailable(format!(
-            "setting permissions of {}: {e}",
-            got.file.path().display()
-        ));
-    }
-    if let Err(e) = got.file.persist(artifact) {
-        return Found::unavailable(format!("renaming into {}: {}", artifact.display(), e.error));
-    }
-    Found::Hit(Box::new(entry))
+    std::fs::set_permissions(file.path(), mode).map_err(|e| {
+        Error::io(
+            Failure::DownloadFailed,
+            "setting permissions of",
+            file.path(),
+            e,
+        )
+    })?;
+    file.persist(artifact)
+        .map_err(|e| Error::io(Failure::DownloadFailed, "renaming into", artifact, e.error))?;
+    Ok(())
 }
 
 /// The largest artifact a cache entry may name (modules and user space of
 /// one driver are a few hundred MiB).
 const MAX_ARTIFACT_BYTES: u64 = 4 << 30;
 
-/// The artifact's size and sha256 against the entry, its modules' vermagic
-/// against the key, then every file inside against the build manifest
-/// (the artifact module's check, streamed from the downloaded file).
-fn verify_artifact(got: &Downloaded, entry: &StoredEntry) -> Result<()> {
+/// The modules the entry lists, against its key: refused before the
+/// download.
+fn check_entry_modules(entry: &StoredEntry) -> Result<()> {
     let corrupt = |m: String| Error::new(Failure::ArtifactInvalid, m);
-    if got.size != entry.artifact_size_bytes {
-        return Err(corrupt(format!(
-            "{} is truncated or padded: {} bytes, the manifest says {}",
-            entry.artifact, got.size, entry.artifact_size_bytes
-        )));
-    }
-    if got.sha256 != entry.artifact_sha256 {
-        return Err(corrupt(format!(
-            "{} has sha256 {}, the manifest says {}",
-            entry.artifact, got.sha256, entry.artifact_sha256
-        )));
-    }
     if !entry
         .manifest
         .modules
@@ -243,9 +244,34 @@ fn verify_artifact(got: &Downloaded, entry: &StoredEntry) -> Result<()> {
             )));
         }
     }
-    let file = std::fs::File::open(got.file.path())
-        .map_err(|e| Error::io(Failure::Internal, "reading", got.file.path(), e))?;
-    crate::artifact::check_reader(std::io::BufReader::new(file), &entry.manifest)
+    Ok(())
+}
+
+/// The artifact's size and sha256 against the entry, then the result of
+/// the check that read it as it came (every file inside against the build
+/// manifest): no second read of the file.
+fn verify_artifact(got: Downloaded, entry: &StoredEntry) -> Result<tempfile::NamedTempFile> {
+    let corrupt = |m: String| Error::new(Failure::ArtifactInvalid, m);
+    if got.size != entry.artifact_size_bytes {
+        return Err(corrupt(format!(
+            "{} is truncated or padded: {} bytes, the manifest says {}",
+            entry.artifact, got.size, entry.artifact_size_bytes
+        )));
+    }
+    if got.sha256 != entry.artifact_sha256 {
+        return Err(corrupt(format!(
+            "{} has sha256 {}, the manifest says {}",
+            entry.artifact, got.sha256, entry.artifact_sha256
+        )));
+    }
+    match got.checked {
+        Some(Ok(())) => Ok(got.file),
+        Some(Err(e)) => Err(e),
+        None => Err(Error::new(
+            Failure::Internal,
+            "the artifact was downloaded unchecked".to_string(),
+        )),
+    }
 }
 
 #[cfg(test)]

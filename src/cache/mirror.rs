@@ -33,7 +33,7 @@ fn restore_package(
     std::fs::create_dir_all(parent)
         .map_err(|e| Error::io(Failure::Internal, "creating", parent, e))?;
     let max = crate::fetch::DEFAULT_MAX_DOWNLOAD_MIB << 20;
-    let Some(got) = store.get_to_file(&rel, parent, max)? else {
+    let Some(got) = store.get_to_file(&rel, parent, max, None)? else {
         return Ok(None);
     };
     if got.sha256 != sha256 {

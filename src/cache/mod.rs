@@ -29,6 +29,7 @@ mod entry;
 mod mirror;
 mod session;
 mod store;
+mod tee;
 
 use std::time::Duration;
 

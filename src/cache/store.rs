@@ -213,6 +213,9 @@ pub(crate) struct Downloaded {
     pub file: tempfile::NamedTempFile,
     pub size: u64,
     pub sha256: String,
+    /// The result of the check that read the bytes as they came, if one
+    /// was given.
+    pub checked: Option<Result<()>>,
 }
 
 impl Store {
@@ -318,6 +321,7 @@ impl Store {
         rel: &str,
         dir: &Path,
         max: u64,
+        check: Option<super::tee::StreamCheck>,
     ) -> Result<Option<Downloaded>> {
         use futures::StreamExt;
         use std::io::Write;
@@ -332,6 +336,7 @@ impl Store {
         let mut out = std::io::BufWriter::new(tmp.as_file());
         let mut hasher = Sha256::new();
         let mut size = 0u64;
+        let mut tee = check.map(super::tee::Tee::start).transpose()?;
         let got = self.rt.block_on(async {
             let r = match self.store.get(&path).await {
                 Ok(r) => r,
@@ -350,10 +355,15 @@ impl Store {
                 }
                 hasher.update(&chunk);
                 out.write_all(&chunk).map_err(write_err)?;
+                if let Some(t) = tee.as_mut() {
+                    t.feed(&chunk);
+                }
             }
             Ok(true)
-        })?;
-        if !got {
+        });
+        // Joined on every path: the check sees EOF and its thread ends.
+        let checked = tee.map(super::tee::Tee::finish);
+        if !got? {
             return Ok(None);
         }
         out.flush().map_err(write_err)?;
@@ -363,6 +373,7 @@ impl Store {
             file: tmp,
             size,
             sha256: hex::encode(hasher.finalize()),
+            checked,
         }))
     }
 

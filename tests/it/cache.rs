@@ -735,6 +735,56 @@ fn file_store_miss_hit_corrupt_and_stale_lease() {
     assert_eq!(fx.compiles(), 3);
 }
 
+/// An entry whose manifest.json was rewritten for a forged artifact (the
+/// same files, one module's bytes changed): size and sha256 agree with it,
+/// so only the check of every file inside, which reads the download as it
+/// streams in, can refuse it. It does, and the key is compiled again.
+#[test]
+fn file_store_a_forged_artifact_that_matches_its_entry_is_corrupt() {
+    use std::io::Read;
+    let fx = Fixture::new(0);
+    let store = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/cache", store.path().display());
+    let a = finish(fx.build("a", &url, &[]).output().unwrap());
+    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
+
+    let obj = find(store.path(), "artifact-");
+    let dec = zstd::stream::read::Decoder::new(fs::File::open(&obj).unwrap()).unwrap();
+    let mut archive = tar::Archive::new(dec);
+    let mut out = tar::Builder::new(Vec::new());
+    let mut changed = false;
+    for e in archive.entries().unwrap() {
+        let mut e = e.unwrap();
+        let mut data = Vec::new();
+        e.read_to_end(&mut data).unwrap();
+        let path = e.path().unwrap().into_owned();
+        if path == Path::new("modules/nvidia.ko") {
+            let mid = data.len() / 2;
+            data[mid] ^= 0x55;
+            changed = true;
+        }
+        let mut header = e.header().clone();
+        out.append_data(&mut header, &path, &data[..]).unwrap();
+    }
+    assert!(changed, "the artifact holds no modules/nvidia.ko");
+    let forged = zstd::encode_all(&out.into_inner().unwrap()[..], 3).unwrap();
+    fs::write(&obj, &forged).unwrap();
+    let manifest = find(store.path(), "manifest.json");
+    let mut entry: Value = serde_json::from_slice(&fs::read(&manifest).unwrap()).unwrap();
+    entry["artifactSha256"] = sha256(&forged).into();
+    entry["artifactSizeBytes"] = forged.len().into();
+    fs::write(&manifest, serde_json::to_vec(&entry).unwrap()).unwrap();
+
+    let b = finish(fx.build("b", &url, &[]).output().unwrap());
+    assert_eq!(b.outcome(), "Corrupt", "{}\n{}", b.doc, b.stderr);
+    let warning = b.cache()["warnings"][0].as_str().unwrap();
+    assert!(
+        warning.contains("modules/nvidia.ko has sha256"),
+        "{warning}"
+    );
+    assert_eq!(fx.compiles(), 2);
+}
+
 /// The store is not trusted to be small or sane: a 3 GiB `manifest.json`
 /// (sparse, so the test costs no disk) is refused by its size, never read
 /// whole; a FIFO in its place is refused, not waited on. Either way the
