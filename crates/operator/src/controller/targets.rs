@@ -291,11 +291,65 @@ pub(super) async fn reconcile_targets(
         keys.insert(decide::target_key(&gd.spec, t));
     }
     let owner = gd.name_any();
-    ctx.targets
+    let idle = idle_kept(&ctx, &gd, &keys);
+    let mut map = ctx.targets.lock().unwrap_or_else(|e| e.into_inner());
+    map.retain(|(g, k), _| g != &owner || keys.contains(k) || idle.contains_key(k));
+    // Kept records the status held (after a restart) come into memory, so
+    // that the next status write keeps them too.
+    for (key, rec) in idle {
+        map.entry((owner.clone(), key)).or_insert(rec);
+    }
+    Ok(again)
+}
+
+/// Every target record of the GpuDriver: this process's, and the status's
+/// that this process has not seen.
+fn all_records(ctx: &Context, gd: &GpuDriver) -> Vec<TargetStatus> {
+    let owner = gd.name_any();
+    let mut out: Vec<TargetStatus> = ctx
+        .targets
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .retain(|(g, k), _| g != &owner || keys.contains(k));
-    Ok(again)
+        .iter()
+        .filter(|((g, _), _)| g == &owner)
+        .map(|(_, r)| r.clone())
+        .collect();
+    let seen: HashSet<String> = out.iter().map(|r| r.key.clone()).collect();
+    if let Some(st) = &gd.status {
+        out.extend(
+            st.targets
+                .iter()
+                .filter(|r| !seen.contains(&r.key))
+                .cloned(),
+        );
+    }
+    out
+}
+
+/// The cached records no wanted target has, that the GpuDriver keeps
+/// ([`decide::idle_targets_kept`]), by key, each with no nodes.
+fn idle_kept(
+    ctx: &Context,
+    gd: &GpuDriver,
+    wanted: &HashSet<String>,
+) -> BTreeMap<String, TargetStatus> {
+    let all = all_records(ctx, gd);
+    let kept = decide::idle_targets_kept(
+        all.iter().map(|r| {
+            let cached = r.phase == BuildPhase::Cached && r.artifact_sha256.is_some();
+            let (key, os, kernel) = (
+                r.key.as_str(),
+                r.os_image.as_str(),
+                r.kernel_release.as_str(),
+            );
+            (key, os, kernel, r.arch.as_str(), cached)
+        }),
+        wanted,
+    );
+    all.into_iter()
+        .filter(|r| kept.contains(&r.key))
+        .map(|r| (r.key.clone(), TargetStatus { nodes: 0, ..r }))
+        .collect()
 }
 
 /// `status.targets`: the record of every wanted target, as the reconciles
@@ -318,6 +372,8 @@ pub(super) fn target_records(
             }
         })
         .collect();
+    let wanted: HashSet<String> = out.iter().map(|r| r.key.clone()).collect();
+    out.extend(idle_kept(ctx, gd, &wanted).into_values());
     out.sort_by(|a, b| {
         (&a.os_image, &a.kernel_release, &a.arch).cmp(&(&b.os_image, &b.kernel_release, &b.arch))
     });

@@ -23,7 +23,8 @@ pub(crate) use operands::{
 };
 pub use targets::Target;
 pub(crate) use targets::{
-    Gate, TargetPhase, build_job_name, builds_enabled, install_gate, install_image, target_key,
+    Gate, TargetPhase, build_job_name, builds_enabled, idle_targets_kept, install_gate,
+    install_image, target_key,
 };
 pub(crate) use upgrade::{DrainStep, drain_step, is_gpu_resource, needs_upgrade, upgrade_started};
 pub use upgrade::{UpgradeState, max_unavailable};

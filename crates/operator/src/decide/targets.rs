@@ -96,6 +96,34 @@ pub(crate) fn build_job_name(t: &Target, key: &str, attempt: u32) -> String {
     job_name(JobRole::Build, &t.kernel, key, attempt)
 }
 
+/// How many cached targets no selected node runs a GpuDriver keeps.
+pub(crate) const MAX_IDLE_TARGETS: usize = 32;
+
+/// Which cached targets to keep although no selected node runs them (a
+/// pool scaled to zero, a node replaced): their artifact is in the store,
+/// and the next node of that kind installs from it at once instead of
+/// waiting for a build Job, whose pod may be gone with the old node. At
+/// most [`MAX_IDLE_TARGETS`], the last in (OS image, kernel, arch) order;
+/// targets of an old driver policy are kept the same way (a rollback finds
+/// them). `records`: (key, OS image, kernel, arch, cached).
+pub(crate) fn idle_targets_kept<'a>(
+    records: impl IntoIterator<Item = (&'a str, &'a str, &'a str, &'a str, bool)>,
+    wanted: &std::collections::HashSet<String>,
+) -> std::collections::HashSet<String> {
+    let mut idle: Vec<(&str, &str, &str, &str)> = records
+        .into_iter()
+        .filter(|(key, _, _, _, cached)| *cached && !wanted.contains(*key))
+        .map(|(key, os, kernel, arch, _)| (os, kernel, arch, key))
+        .collect();
+    idle.sort_unstable();
+    idle.dedup();
+    let skip = idle.len().saturating_sub(MAX_IDLE_TARGETS);
+    idle.into_iter()
+        .skip(skip)
+        .map(|(_, _, _, key)| key.to_string())
+        .collect()
+}
+
 /// Where a target's artifact stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum TargetPhase {
@@ -198,6 +226,37 @@ pub(crate) fn install_image<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_cached_targets_are_kept_up_to_a_limit_and_nothing_else() {
+        let wanted: std::collections::HashSet<String> = ["now".to_string()].into();
+        let kept = idle_targets_kept(
+            [
+                ("now", "Garden Linux 1877.3", "6.6.1", "amd64", true),
+                ("gone", "Garden Linux 1877.3", "6.6.0", "amd64", true),
+                ("failed", "Garden Linux 1877.3", "6.6.2", "amd64", false),
+            ],
+            &wanted,
+        );
+        assert_eq!(kept, ["gone".to_string()].into());
+        let many: Vec<(String, String)> = (0..MAX_IDLE_TARGETS + 5)
+            .map(|i| (format!("k{i:03}"), format!("6.6.{i:03}")))
+            .collect();
+        let kept = idle_targets_kept(
+            many.iter().map(|(k, kernel)| {
+                (
+                    k.as_str(),
+                    "Garden Linux 1877.3",
+                    kernel.as_str(),
+                    "amd64",
+                    true,
+                )
+            }),
+            &wanted,
+        );
+        assert_eq!(kept.len(), MAX_IDLE_TARGETS);
+        assert!(kept.contains("k036") && !kept.contains("k004"), "{kept:?}");
+    }
     use crate::decide::tests::{gl_node, spec};
 
     #[test]
