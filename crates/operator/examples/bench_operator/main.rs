@@ -18,6 +18,16 @@
 //! seen upgrading at once (upgrade annotation or cordoned), from a watch on
 //! the nodes, so that no intermediate state is missed.
 //!
+//! Memory: `peakRssMiB` is this process's peak resident set (VmHWM) over
+//! the install phase, and in `upgrade` over the upgrade phase alone (the
+//! peak is started over at each phase's start, through
+//! /proc/self/clear_refs; `peakRssSinceStart` true where that failed and
+//! the figure counts from the process's start). It is the operator's (or
+//! the baseline's) memory together with this program's: its client, its
+//! LIST of ready nodes each second and, in the upgrade, its own watch of
+//! every node. `rssBeforeMiB` is the RSS just before the operator starts
+//! (after the nodes were created).
+//!
 //! Usage: bench_operator --kubeconfig FILE --nodes N [--naive] [--no-upgrade] [--timeout S]
 
 use std::collections::{BTreeMap, HashMap};
@@ -111,6 +121,29 @@ fn success_message(version: &str) -> String {
     gpu_driver_contract::report::termination_message(Kind::RunResult, &doc).unwrap_or_default()
 }
 
+/// This process's resident memory from /proc/self/status: `field` is
+/// `VmHWM` (the peak since it started or since [`reset_peak_rss`]) or
+/// `VmRSS` (now); MiB, one decimal. `None` where there is no such file.
+fn rss_mib(field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some((kib / 1024.0 * 10.0).round() / 10.0)
+}
+
+/// Starts the peak (`VmHWM`) over from the current RSS (writing 5 to
+/// /proc/self/clear_refs, Linux 4.0 and later), so that a phase's peak
+/// leaves out what came before it; false where that is not possible.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// apiserver_request_total summed by (verb, group, resource, subresource).
 async fn request_totals(client: &Client) -> Result<BTreeMap<String, f64>, String> {
     let req = http::Request::get("/metrics")
@@ -173,11 +206,15 @@ fn operator_writes(
     (total, by)
 }
 
-/// Reads of nodes, Jobs and pods (GET and LIST; watches are not counted).
+/// Reads of nodes, Jobs and pods (GET and LIST; watches are not counted),
+/// in all and by (verb, group, resource, subresource).
 /// The controllers watch rather than poll, so these are nearly all the
 /// operator's (or the baseline's), plus this program's one LIST a second.
-fn reads(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> f64 {
-    after
+fn reads(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> (f64, BTreeMap<String, f64>) {
+    let by: BTreeMap<String, f64> = after
         .iter()
         .filter(|(k, _)| {
             (k.starts_with("GET ") || k.starts_with("LIST "))
@@ -185,8 +222,10 @@ fn reads(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> f64 {
                     .iter()
                     .any(|r| k.ends_with(r))
         })
-        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
-        .sum()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    (by.values().sum(), by)
 }
 
 async fn setup(client: &Client, nodes: usize) -> Result<(), String> {
@@ -570,11 +609,14 @@ async fn upgrade_phase(
 ) -> Result<serde_json::Value, String> {
     let round = |x: f64| (x * 100.0).round() / 100.0;
     let per_node = |x: f64| round(x / a.nodes as f64);
+    let peak_reset = reset_peak_rss();
     let run = upgrade(client, a.nodes, Duration::from_secs(a.timeout)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let peak = rss_mib("VmHWM");
     stop_operator(operator).await;
     let end = request_totals(client).await?;
     let (w, by) = operator_writes(after, &end);
+    let (read, read_by) = reads(after, &end);
     Ok(json!({
         "nodes": a.nodes,
         "fromVersion": FROM_VERSION,
@@ -584,12 +626,41 @@ async fn upgrade_phase(
         "seconds": run.seconds.map(round),
         "upgradedNodes": run.upgraded,
         "writesPerNode": per_node(w),
-        "readsPerNode": per_node(reads(after, &end)),
+        "readsPerNode": per_node(read),
+        "apiserverReads": read_by,
         "maxConcurrent": run.max_concurrent,
         "maxUnready": run.max_unready,
+        "peakRssMiB": peak,
+        "peakRssSinceStart": !peak_reset,
         "apiserverWrites": by,
         "clientWrites": metrics.total("gpu_driver_api_writes_total") - own,
     }))
+}
+
+/// Waits (up to `--timeout`) until every node has the ready label, with a
+/// line on stderr whenever the count changes: the seconds it took (`None`:
+/// timed out), and the last count.
+async fn await_ready(client: &Client, a: &Args) -> (Option<f64>, usize) {
+    let started = Instant::now();
+    let mut last = 0;
+    while started.elapsed() < Duration::from_secs(a.timeout) {
+        // Each poll lists up to N nodes' metadata: once a second keeps the
+        // observer's own load on the apiserver small.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let n = ready_count(client).await;
+        if n != last {
+            eprintln!(
+                "{:>7.1}s  {n}/{} nodes ready",
+                started.elapsed().as_secs_f64(),
+                a.nodes
+            );
+            last = n;
+        }
+        if n >= a.nodes {
+            return (Some(started.elapsed().as_secs_f64()), last);
+        }
+    }
+    (None, last)
 }
 
 /// The running operator: how to stop it, and its task.
@@ -619,31 +690,16 @@ async fn main() -> Result<(), String> {
     let stop = async move {
         let _ = rx.await;
     };
-    let started = Instant::now();
+    // The peak from here on is the operator's (or the baseline's) and this
+    // program's observer, not the node creation above.
+    let rss_before = rss_mib("VmRSS");
+    let peak_reset = reset_peak_rss();
     let task = spawn_operator(&a, &client, metrics.clone(), stop);
     let mut operator = Some((tx, task));
-    let mut converged = None;
-    let mut last = 0;
-    while started.elapsed() < Duration::from_secs(a.timeout) {
-        // Each poll lists up to N nodes' metadata: once a second keeps the
-        // observer's own load on the apiserver small.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        let n = ready_count(&client).await;
-        if n != last {
-            eprintln!(
-                "{:>7.1}s  {n}/{} nodes ready",
-                started.elapsed().as_secs_f64(),
-                a.nodes
-            );
-            last = n;
-        }
-        if n >= a.nodes {
-            converged = Some(started.elapsed().as_secs_f64());
-            break;
-        }
-    }
+    let (converged, last) = await_ready(&client, &a).await;
     // Let in-flight writes (status, late Events) land before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let peak = rss_mib("VmHWM");
     let upgrading = !a.naive && a.upgrade && converged.is_some();
     if !upgrading {
         stop_operator(operator.take()).await;
@@ -651,7 +707,7 @@ async fn main() -> Result<(), String> {
     let after = request_totals(&client).await?;
     let own = metrics.total("gpu_driver_api_writes_total");
     let (writes, by) = operator_writes(&before, &after);
-    let read = reads(&before, &after);
+    let (read, read_by) = reads(&before, &after);
     let round = |x: f64| (x * 100.0).round() / 100.0;
     let per_node = |x: f64| round(x / a.nodes as f64);
 
@@ -672,7 +728,11 @@ async fn main() -> Result<(), String> {
             "writesPerNode": per_node(writes),
             "readsPerNode": per_node(read),
             "apiserverWrites": by,
+            "apiserverReads": read_by,
             "clientWrites": own,
+            "rssBeforeMiB": rss_before,
+            "peakRssMiB": peak,
+            "peakRssSinceStart": !peak_reset,
             "upgrade": up,
         })
     );

@@ -462,3 +462,79 @@ async fn an_event_with_a_new_note_is_a_new_event_not_the_first_ones_series() {
     assert_eq!(seen[2].0, Method::POST, "{seen:?}");
     assert_eq!(seen[2].1.as_deref(), Some("driver 580.95.05 -> 590.44.01"));
 }
+
+/// A node named `name` with these labels and annotations.
+fn node_with(name: &str, labels: Value, annotations: Value) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_roll_counts_its_own_gpu_nodes_and_those_in_progress() {
+    let (mut fx, _server) = Fixture::new();
+    let gpu = keys::NFD_NVIDIA_LABEL;
+    let gd = gpu_driver(json!({"upgradePolicy": {"maxUnavailable": "50%"}}));
+    // A driver that sorts first takes the nodes of pool "other".
+    let mut other = gpu_driver(json!({"nodeSelector": {"pool": "other"}}));
+    other.metadata.name = Some("a-other".into());
+    Fixture::with(&mut fx.drivers, gd.clone());
+    Fixture::with(&mut fx.drivers, other);
+    let up = |s: &str| json!({keys::UPGRADE: s});
+    for n in [
+        node_with("idle", json!({gpu: "true"}), json!({})),
+        node_with("draining", json!({gpu: "true"}), up("Draining")),
+        node_with("failed", json!({gpu: "true"}), up("Failed")),
+        node_with("gpu-by-detect", json!({}), json!({keys::GPU: "true"})),
+        node_with("no-gpu", json!({}), json!({})),
+        node_with(
+            "others",
+            json!({gpu: "true", "pool": "other"}),
+            up("Installing"),
+        ),
+    ] {
+        Fixture::with(&mut fx.nodes, n);
+    }
+    let (max, busy, stopped) = fx.ctx.roll(&gd);
+    // Four GPU nodes are this driver's: 50% of them.
+    assert_eq!(max, 2);
+    let mut busy: Vec<String> = busy.into_iter().collect();
+    busy.sort();
+    assert_eq!(busy, ["draining", "failed"]);
+    assert_eq!(stopped.as_deref(), Some("failed"));
+}
+
+#[test]
+fn the_caches_keep_no_managed_fields() {
+    let mut node: Node = serde_json::from_value(json!({"metadata": {"name": "gpu-1",
+        "managedFields": [{"manager": "kwok", "operation": "Update",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]}}))
+    .unwrap();
+    super::drop_managed_fields(&mut node);
+    assert!(node.metadata.managed_fields.unwrap_or_default().is_empty());
+    assert_eq!(node.metadata.name.as_deref(), Some("gpu-1"));
+}
+
+#[test]
+fn only_a_gpu_drivers_spec_deletion_or_removal_reconciles_its_nodes() {
+    let mut seen = super::DriverSeen::new();
+    let mut gd = gpu_driver(json!({}));
+    gd.metadata.generation = Some(1);
+    let passes = |seen: &mut super::DriverSeen, ev| super::driver_change(seen, Ok(ev)).is_some();
+    assert!(passes(&mut seen, watcher::Event::InitApply(gd.clone())));
+    assert!(!passes(&mut seen, watcher::Event::InitDone));
+    // A status write: same generation.
+    let mut status_only = gd.clone();
+    status_only.status = Some(Default::default());
+    assert!(!passes(&mut seen, watcher::Event::Apply(status_only)));
+    gd.metadata.generation = Some(2);
+    assert!(passes(&mut seen, watcher::Event::Apply(gd.clone())));
+    assert!(!passes(&mut seen, watcher::Event::Apply(gd.clone())));
+    gd.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    assert!(passes(&mut seen, watcher::Event::Apply(gd.clone())));
+    assert!(passes(&mut seen, watcher::Event::Delete(gd.clone())));
+    assert!(seen.is_empty());
+}

@@ -148,16 +148,26 @@ pub(crate) enum Gpu {
 /// GPU presence before any driver exists: NFD's PCI vendor label, the
 /// instance type, or an earlier detect Job's answer (an annotation).
 pub(crate) fn gpu_presence(spec: &GpuDriverSpec, node: &NodeFacts) -> Gpu {
+    gpu_presence_in(spec, &node.labels, &node.annotations)
+}
+
+/// [`gpu_presence`] from a node's labels and annotations as they are (a
+/// cached Node's, without copying them into [`NodeFacts`]).
+pub(crate) fn gpu_presence_in(
+    spec: &GpuDriverSpec,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Gpu {
     let det = &spec.gpu_detection;
-    if det.nfd && node.labels.get(keys::NFD_NVIDIA_LABEL).map(String::as_str) == Some("true") {
+    if det.nfd && labels.get(keys::NFD_NVIDIA_LABEL).map(String::as_str) == Some("true") {
         return Gpu::Yes;
     }
-    if let Some(t) = node.labels.get(keys::INSTANCE_TYPE_LABEL)
+    if let Some(t) = labels.get(keys::INSTANCE_TYPE_LABEL)
         && det.instance_types.iter().any(|i| i == t)
     {
         return Gpu::Yes;
     }
-    match node.annotation(keys::GPU) {
+    match annotations.get(keys::GPU).map(String::as_str) {
         Some("true") => Gpu::Yes,
         Some("false") => Gpu::No,
         _ if det.detect_job => Gpu::Unknown,

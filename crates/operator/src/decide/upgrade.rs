@@ -1,6 +1,8 @@
 //! Rolling driver upgrades: which node needs one, its state, how many at
 //! once, and when a drain is over.
 
+use std::collections::BTreeMap;
+
 use super::{NodeFacts, verified_driver_loaded};
 pub use crate::crd::UpgradeState;
 use crate::keys;
@@ -15,8 +17,14 @@ pub(crate) fn needs_upgrade(node: &NodeFacts, key: &str) -> bool {
 
 impl UpgradeState {
     pub fn of(node: &NodeFacts) -> UpgradeState {
-        node.annotation(keys::UPGRADE)
-            .and_then(UpgradeState::parse)
+        UpgradeState::in_annotations(&node.annotations)
+    }
+
+    /// [`UpgradeState::of`] from a node's annotations as they are.
+    pub fn in_annotations(annotations: &BTreeMap<String, String>) -> UpgradeState {
+        annotations
+            .get(keys::UPGRADE)
+            .and_then(|v| UpgradeState::parse(v))
             .unwrap_or(UpgradeState::Idle)
     }
 
