@@ -412,7 +412,9 @@ pub fn running_arch() -> Result<CpuArch> {
 
 // ---------------------------------------------------------------- secure boot
 
-const SECURE_BOOT_VAR: &str = "SecureBoot-8be4df61-93ca-11d2-aa0d-e0bf0cfe7d8c";
+/// `SecureBoot` under EFI's global variable GUID (`EFI_GLOBAL_VARIABLE`
+/// in the UEFI specification), as efivarfs names it.
+const SECURE_BOOT_VAR: &str = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
 
 /// efivarfs files hold 4 bytes of attributes, then the value.
 pub fn parse_secure_boot_var(bytes: &[u8]) -> SecureBoot {
@@ -443,6 +445,16 @@ pub fn read_secure_boot(root: &HostRoot) -> Result<SecureBoot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_secure_boot_variable_is_under_efis_global_variable_guid() {
+        // {8BE4DF61-93CA-11D2-AA0D-00E098032B8C}: an earlier constant had
+        // e0bf0cfe7d8c as its last group, and every real node read unknown.
+        assert_eq!(
+            SECURE_BOOT_VAR,
+            "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+        );
+    }
 
     #[test]
     fn os_release_quoting() {
