@@ -396,6 +396,17 @@ fn s3_after_a_first_miss() -> Option<(S3Server, Fixture, String)> {
     Some((server, fx, url))
 }
 
+/// A `file://` store in a temporary directory, after a first build of
+/// the key (a Miss that stored the entry).
+fn file_store_after_a_first_miss() -> (Fixture, tempfile::TempDir, String) {
+    let fx = Fixture::new(0);
+    let store = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/cache", store.path().display());
+    let a = finish(fx.build("a", &url, &[]).output().unwrap());
+    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
+    (fx, store, url)
+}
+
 /// Rewrites the one stored artifact with `damage` of its bytes, then
 /// builds again (output `b`).
 fn rebuild_after_damage(
@@ -742,11 +753,7 @@ fn file_store_miss_hit_corrupt_and_stale_lease() {
 #[test]
 fn file_store_a_forged_artifact_that_matches_its_entry_is_corrupt() {
     use std::io::Read;
-    let fx = Fixture::new(0);
-    let store = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/cache", store.path().display());
-    let a = finish(fx.build("a", &url, &[]).output().unwrap());
-    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
+    let (fx, store, url) = file_store_after_a_first_miss();
 
     let obj = find(store.path(), "artifact-");
     let dec = zstd::stream::read::Decoder::new(fs::File::open(&obj).unwrap()).unwrap();
@@ -791,11 +798,7 @@ fn file_store_a_forged_artifact_that_matches_its_entry_is_corrupt() {
 /// build goes on without the cache.
 #[test]
 fn file_store_a_huge_or_fifo_manifest_is_refused_unread() {
-    let fx = Fixture::new(0);
-    let store = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/cache", store.path().display());
-    let a = finish(fx.build("a", &url, &[]).output().unwrap());
-    assert_eq!(a.outcome(), "Miss", "{}\n{}", a.doc, a.stderr);
+    let (fx, store, url) = file_store_after_a_first_miss();
     let manifest = find(store.path(), "manifest.json");
     let deadline = std::time::Duration::from_secs(300);
 
