@@ -334,18 +334,7 @@ fn idle_kept(
     wanted: &HashSet<String>,
 ) -> BTreeMap<String, TargetStatus> {
     let all = all_records(ctx, gd);
-    let kept = decide::idle_targets_kept(
-        all.iter().map(|r| {
-            let cached = r.phase == BuildPhase::Cached && r.artifact_sha256.is_some();
-            let (key, os, kernel) = (
-                r.key.as_str(),
-                r.os_image.as_str(),
-                r.kernel_release.as_str(),
-            );
-            (key, os, kernel, r.arch.as_str(), cached)
-        }),
-        wanted,
-    );
+    let kept = decide::idle_targets_kept(&all, wanted);
     all.into_iter()
         .filter(|r| kept.contains(&r.key))
         .map(|r| (r.key.clone(), TargetStatus { nodes: 0, ..r }))

@@ -2,7 +2,7 @@
 //! and whether a node's install may start (the install gate).
 
 use super::{JobRole, NodeFacts, OsImage, is_dotted_version, job_name, short_hash};
-use crate::crd::GpuDriverSpec;
+use crate::crd::{BuildPhase, GpuDriverSpec, TargetStatus};
 
 /// What a build Job compiles for: the OS (it picks the builder image and
 /// the headers' repository), the kernel release and the architecture.
@@ -105,15 +105,16 @@ pub(crate) const MAX_IDLE_TARGETS: usize = 32;
 /// waiting for a build Job, whose pod may be gone with the old node. At
 /// most [`MAX_IDLE_TARGETS`], the last in (OS image, kernel, arch) order;
 /// targets of an old driver policy are kept the same way (a rollback finds
-/// them). `records`: (key, OS image, kernel, arch, cached).
+/// them).
 pub(crate) fn idle_targets_kept<'a>(
-    records: impl IntoIterator<Item = (&'a str, &'a str, &'a str, &'a str, bool)>,
+    records: impl IntoIterator<Item = &'a TargetStatus>,
     wanted: &std::collections::HashSet<String>,
 ) -> std::collections::HashSet<String> {
     let mut idle: Vec<(&str, &str, &str, &str)> = records
         .into_iter()
-        .filter(|(key, _, _, _, cached)| *cached && !wanted.contains(*key))
-        .map(|(key, os, kernel, arch, _)| (os, kernel, arch, key))
+        .filter(|r| r.phase == BuildPhase::Cached && r.artifact_sha256.is_some())
+        .filter(|r| !wanted.contains(&r.key))
+        .map(|r| (&*r.os_image, &*r.kernel_release, &*r.arch, &*r.key))
         .collect();
     idle.sort_unstable();
     idle.dedup();
@@ -229,34 +230,37 @@ mod tests {
 
     #[test]
     fn idle_cached_targets_are_kept_up_to_a_limit_and_nothing_else() {
+        let rec = |key: &str, kernel: &str, cached: bool| TargetStatus {
+            key: key.into(),
+            os_image: "Garden Linux 1877.3".into(),
+            kernel_release: kernel.into(),
+            arch: "amd64".into(),
+            phase: if cached {
+                BuildPhase::Cached
+            } else {
+                BuildPhase::Failed
+            },
+            artifact_sha256: cached.then(|| "ab".repeat(32)),
+            ..Default::default()
+        };
         let wanted: std::collections::HashSet<String> = ["now".to_string()].into();
-        let kept = idle_targets_kept(
-            [
-                ("now", "Garden Linux 1877.3", "6.6.1", "amd64", true),
-                ("gone", "Garden Linux 1877.3", "6.6.0", "amd64", true),
-                ("failed", "Garden Linux 1877.3", "6.6.2", "amd64", false),
-            ],
-            &wanted,
+        let records = [
+            rec("now", "6.6.1", true),
+            rec("gone", "6.6.0", true),
+            rec("failed", "6.6.2", false),
+        ];
+        assert_eq!(
+            idle_targets_kept(&records, &wanted),
+            ["gone".to_string()].into()
         );
-        assert_eq!(kept, ["gone".to_string()].into());
-        let many: Vec<(String, String)> = (0..MAX_IDLE_TARGETS + 5)
-            .map(|i| (format!("k{i:03}"), format!("6.6.{i:03}")))
+        let many: Vec<TargetStatus> = (0..MAX_IDLE_TARGETS + 5)
+            .map(|i| rec(&format!("k{i:03}"), &format!("6.6.{i:03}"), true))
             .collect();
-        let kept = idle_targets_kept(
-            many.iter().map(|(k, kernel)| {
-                (
-                    k.as_str(),
-                    "Garden Linux 1877.3",
-                    kernel.as_str(),
-                    "amd64",
-                    true,
-                )
-            }),
-            &wanted,
-        );
+        let kept = idle_targets_kept(&many, &wanted);
         assert_eq!(kept.len(), MAX_IDLE_TARGETS);
         assert!(kept.contains("k036") && !kept.contains("k004"), "{kept:?}");
     }
+
     use crate::decide::tests::{gl_node, spec};
 
     #[test]
