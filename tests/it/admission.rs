@@ -87,14 +87,19 @@ fn eventually(what: &str, mut check: impl FnMut() -> Result<(), String>) {
 
 /// Refused by this policy, with every one of `want` in the message.
 fn assert_refused(c: &Cluster, name: &str, obj: &Value, want: &[String]) {
+    assert_refused_by(c, POLICY, name, obj, want);
+}
+
+/// Refused by `policy`, with every one of `want` in the message.
+fn assert_refused_by(c: &Cluster, policy: &str, name: &str, obj: &Value, want: &[String]) {
     let err = match admit(c, obj) {
         Ok(out) => panic!("{name}: admitted ({}): {obj}", out.trim()),
         Err(e) => e,
     };
-    let by_policy = format!("ValidatingAdmissionPolicy '{POLICY}'");
+    let by_policy = format!("ValidatingAdmissionPolicy '{policy}'");
     assert!(
         err.contains(&by_policy),
-        "{name}: not refused by {POLICY}: {err}"
+        "{name}: not refused by {policy}: {err}"
     );
     for w in want {
         assert!(
@@ -203,6 +208,9 @@ fn disallowed() -> Vec<(&'static str, Value, Vec<String>)> {
         "--host-root",
         // Names a file the privileged container reads (/proc/self/environ).
         "--module-params",
+        // The signing key is the build Jobs' alone.
+        "--signing-key",
+        "--signing-cert",
     ] {
         let arg = format!("{flag}=x");
         cases.push((
@@ -312,6 +320,25 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
     // install, so only the names the owner lists.
     let mut catalog = gpudriver("own-catalog", &builder(), &installer(), &[]);
     catalog["spec"]["driver"] = json!({"catalogConfigMap": "drivers-2026-12"});
+    // A module signing Secret: only the owner's, on trusted build nodes.
+    let signing = |name: &str, secret: &str, build_nodes: bool| {
+        let mut gd = gpudriver(name, &builder(), &installer(), &[]);
+        gd["spec"]["build"] = json!({"signingSecretName": secret});
+        if build_nodes {
+            gd["spec"]["build"]["nodeSelector"] = json!({"pool": "build"});
+        }
+        gd
+    };
+    let signed = signing("signed", "gpu-driver-module-signing", true);
+    assert_refused(
+        &c,
+        "signing Secret, not yet allowed",
+        &signed,
+        &[
+            "build.signingSecretName gpu-driver-module-signing is not an allowed signing Secret"
+                .to_string(),
+        ],
+    );
     assert_refused(&c, "own registry, not yet allowed", &own_gd, &[]);
     assert_refused(&c, "own cache, not yet allowed", &cached, &[]);
     assert_refused(
@@ -329,11 +356,32 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
     set_owner_list(&c, 2, "['gpu-driver-cache', 'shared']");
     set_owner_list(&c, 4, "['gpu-driver-cache-writer', 'shared']");
     set_owner_list(&c, 5, "['drivers-2026-12']");
+    set_owner_list(&c, 6, "['gpu-driver-module-signing', 'shared']");
     eventually("the edited lists are enforced", || {
         admit(&c, &own_gd)?;
         admit(&c, &catalog)?;
+        admit(&c, &signed)?;
         admit(&c, &cached).map(|_| ())
     });
+    for (gd, name, want) in [
+        (
+            signing("signing-other", "operator-token", true),
+            "signing Secret not allowed",
+            "build.signingSecretName operator-token is not an allowed signing Secret",
+        ),
+        (
+            signing("signing-unplaced", "gpu-driver-module-signing", false),
+            "signing Secret without build.nodeSelector",
+            "build.signingSecretName gpu-driver-module-signing needs build.nodeSelector",
+        ),
+        (
+            signing("signing-reader", "shared", true),
+            "a cache read Secret as the signing Secret",
+            "build.signingSecretName shared is a cache read Secret",
+        ),
+    ] {
+        assert_refused(&c, name, &gd, &[want.to_string()]);
+    }
     catalog["spec"]["driver"] = json!({"catalogConfigMap": "drivers-2026-12-evil"});
     assert_refused(
         &c,
@@ -406,5 +454,140 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
     ] {
         let gd = with_cache(gpudriver(gd_name, &builder(), &installer(), &[]), cache);
         assert_refused(&c, name, &gd, &[want.to_string()]);
+    }
+}
+
+const JOB_POLICY: &str = "gpu-driver-jobs.gpu-driver.gardenlinux.io";
+const NS: &str = "gpu-driver";
+
+/// The Job the operator makes of `gd` for `role` (a Garden Linux 1877.3
+/// target or node; for an install, its cached form when `cached`), as JSON.
+fn operator_job(
+    gd: &gpu_driver_operator::crd::GpuDriver,
+    role: gpu_driver_operator::decide::JobRole,
+    cached: bool,
+) -> Value {
+    use gpu_driver_operator::decide::{JobRole, Target};
+    use gpu_driver_operator::job::{JobRequest, build};
+    let target = Target {
+        os_image: "Garden Linux 1877.3".into(),
+        kernel: "6.12.44-cloud-amd64".into(),
+        arch: "amd64".into(),
+    };
+    let sha = "ab".repeat(32);
+    let image = builder();
+    let req = match role {
+        JobRole::Build => JobRequest::build("gpu-build-x", NS, &image, "k", &target),
+        _ => {
+            let mut r = JobRequest::node_job(role, "gpu-install-x", NS, "n1", &image, "k");
+            if cached {
+                r.expect_sha256 = Some(&sha);
+                r.compile = false;
+            }
+            r
+        }
+    };
+    serde_json::to_value(build(gd, &req)).unwrap()
+}
+
+/// `job` with one more volume (`source`, e.g. `{"secret": {...}}`) that
+/// its installer container mounts, read-only or not.
+fn with_volume(mut job: Value, name: &str, source: Value, read_only: bool) -> Value {
+    let pod = &mut job["spec"]["template"]["spec"];
+    let mut volume = json!({"name": name});
+    for (k, v) in source.as_object().unwrap() {
+        volume[k] = v.clone();
+    }
+    pod["volumes"].as_array_mut().unwrap().push(volume);
+    pod["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": name, "mountPath": "/run/x", "readOnly": read_only}));
+    job
+}
+
+/// The Job policy: the build Job of a GpuDriver with a signing Secret
+/// (its tls Secret mounted read-only) is admitted, and so are its install
+/// Jobs, which mount no Secret; an install Job that mounts one (a secret
+/// volume, or a projected one with a secret source) is refused, and so is
+/// a build Job whose Secret mount is writable. Jobs without the
+/// operator's label are not its business. Without the policy all of them
+/// are admitted.
+#[test]
+fn admission_policy_keeps_secret_volumes_to_build_jobs() {
+    use gpu_driver_operator::decide::JobRole;
+    let Some(c) = Cluster::start() else { return };
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+    ));
+    let mut spec = gpudriver("default", &builder(), &installer(), &[]);
+    spec["spec"]["cache"] = json!({"url": "s3://gpu-driver-cache/cluster-a",
+        "secretName": "gpu-driver-cache", "writeSecretName": "gpu-driver-cache-writer"});
+    spec["spec"]["build"] = json!({"nodeSelector": {"pool": "build"},
+        "signingSecretName": "gpu-driver-module-signing"});
+    let mut gd: gpu_driver_operator::crd::GpuDriver = serde_json::from_value(spec).unwrap();
+    gd.metadata.uid = Some("0b5c8f1e-0000-4000-8000-000000000000".into());
+
+    let build_job = operator_job(&gd, JobRole::Build, false);
+    let signing = &build_job["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v.get("secret").is_some())
+        .expect("the build Job's signing volume")["secret"];
+    assert_eq!(signing["secretName"], "gpu-driver-module-signing");
+    let install = operator_job(&gd, JobRole::Install, false);
+    let cached = operator_job(&gd, JobRole::Install, true);
+    let secret = json!({"secret": {"secretName": "gpu-driver-module-signing"}});
+    let projected = json!({"projected": {"sources": [
+        {"secret": {"name": "gpu-driver-module-signing"}}]}});
+    let refused = [
+        (
+            "install Job with a secret volume",
+            with_volume(install.clone(), "signing", secret.clone(), true),
+            "mounts Secret volumes [signing]",
+        ),
+        (
+            "cached install Job with a projected secret",
+            with_volume(cached.clone(), "keys", projected, true),
+            "mounts Secret volumes [keys]",
+        ),
+        (
+            "build Job with a writable Secret mount",
+            with_volume(build_job.clone(), "more", secret.clone(), false),
+            "containers [installer] mount a Secret volume without readOnly: true",
+        ),
+    ];
+    let mut foreign = with_volume(install.clone(), "signing", secret, true);
+    foreign["metadata"]["labels"] = json!({"app": "someone-else"});
+    foreign["spec"]["template"]["metadata"]["labels"] = json!({"app": "someone-else"});
+    let admitted = [
+        ("build Job with the signing Secret", &build_job),
+        ("install Job", &install),
+        ("cached install Job", &cached),
+        ("someone else's Job", &foreign),
+    ];
+    for (name, job, _) in &refused {
+        if let Err(e) = admit(&c, job) {
+            panic!("{name}: refused without the policy: {e}");
+        }
+    }
+
+    c.apply(&repo_file("deploy/admission-policy.yaml"));
+    let (first, first_job, _) = &refused[0];
+    eventually("the Job policy is enforced", || {
+        match admit(&c, first_job) {
+            Ok(_) => Err(format!("{first} still admitted")),
+            Err(e) if e.contains(JOB_POLICY) => Ok(()),
+            Err(e) => Err(e),
+        }
+    });
+    for (name, job, want) in &refused {
+        assert_refused_by(&c, JOB_POLICY, name, job, &[want.to_string()]);
+    }
+    for (name, job) in admitted {
+        if let Err(e) = admit(&c, job) {
+            panic!("{name}: refused: {e}");
+        }
     }
 }

@@ -150,6 +150,8 @@ const ALL_ON: &[&str] = &[
     "admissionPolicy.allowedCacheUrls={s3://gpu-driver-cache/cluster-a}",
     "admissionPolicy.allowedCacheSecrets={gpu-driver-cache}",
     "admissionPolicy.allowedCacheWriteSecrets={gpu-driver-cache-writer}",
+    "admissionPolicy.allowedCatalogConfigMaps={drivers-2026-12}",
+    "admissionPolicy.allowedSigningSecrets={gpu-driver-module-signing}",
 ];
 
 fn documents(yaml: &str) -> Vec<Value> {
@@ -320,6 +322,8 @@ fn chart_lints_and_renders_with_defaults_and_every_option() {
             vec!["gpu-driver-cache".to_string()],
             vec!["false".to_string()],
             vec!["gpu-driver-cache-writer".to_string()],
+            vec!["drivers-2026-12".to_string()],
+            vec!["gpu-driver-module-signing".to_string()],
         ]
     );
 
@@ -357,6 +361,10 @@ fn chart_lints_and_renders_with_defaults_and_every_option() {
             "admissionPolicy.allowedCacheSecrets={Not_A_Name}",
             "not a Secret name",
         ),
+        (
+            "admissionPolicy.allowedSigningSecrets={Not_A_Name}",
+            "not a signing Secret name",
+        ),
         ("operator.replica=3", "an unknown key (typo)"),
     ] {
         let out = helm.output(&["template", "x", CHART, "--set", set]);
@@ -364,11 +372,11 @@ fn chart_lints_and_renders_with_defaults_and_every_option() {
     }
 }
 
-/// The five owner's lists of the policy (`spec.variables[0..5]`) as values:
+/// The seven owner's lists of the policy (`spec.variables[0..7]`) as values:
 /// a CEL list of quoted strings, or a CEL boolean.
 fn owners_lists(policy: &Value) -> Vec<Vec<String>> {
     let vars = policy["spec"]["variables"].as_sequence().unwrap();
-    vars[..5]
+    vars[..7]
         .iter()
         .map(|v| {
             let e = v["expression"].as_str().unwrap().trim();
@@ -551,6 +559,7 @@ fn apiserver_accepts_the_chart_and_helm_installs_it() {
         "deployment.apps/gpu-driver-operator",
         "gpudriver.gpu-driver.gardenlinux.io/default",
         "validatingadmissionpolicy.admissionregistration.k8s.io/gpudriver-sources",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/gpu-driver-jobs",
         "configmap/gpu-driver-dashboard",
     ] {
         assert!(accepted.contains(want), "{want} not in: {accepted}");

@@ -219,27 +219,76 @@ fn manifests_parse_and_rbac_is_least_privilege() {
     assert!(!gd.spec.builder_images.is_empty());
 }
 
-/// The GpuDriver policy: bound with Deny, on creates and updates of
-/// gpudrivers (not their status), failing closed, every rule with a
-/// reason; the owner's lists first, where docs/operator.md's patch paths
-/// point.
+/// The policy named `name` and the binding that names it: bound with
+/// Deny to everything the policy matches, failing closed, every rule
+/// with a reason.
+fn bound_policy(
+    name: &str,
+    policies: &[ValidatingAdmissionPolicy],
+    bindings: &[ValidatingAdmissionPolicyBinding],
+) -> k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec {
+    let policy = policies
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no ValidatingAdmissionPolicy {name}: {policies:?}"));
+    let bound: Vec<_> = bindings
+        .iter()
+        .filter_map(|b| b.spec.clone())
+        .filter(|b| b.policy_name.as_deref() == Some(name))
+        .collect();
+    let [bspec] = bound.as_slice() else {
+        panic!("one binding of {name}: {bindings:?}")
+    };
+    assert_eq!(bspec.validation_actions, Some(vec!["Deny".to_string()]));
+    assert_eq!(
+        bspec.match_resources, None,
+        "{name}: bound to all it matches"
+    );
+    let spec = policy.spec.clone().unwrap();
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    for v in spec.validations.clone().unwrap() {
+        assert!(v.message.is_some(), "{v:?}");
+        assert_eq!(v.reason.as_deref(), Some("Forbidden"));
+    }
+    spec
+}
+
+/// The two policies, each with its binding: the GpuDriver policy on
+/// creates and updates of gpudrivers (not their status), the owner's lists
+/// first, where docs/operator.md's patch paths point; the Job policy on
+/// creates of the operator's Jobs (its labels), whatever their namespace.
 fn admission_policy_is_bound_and_fails_closed(
     policies: &[ValidatingAdmissionPolicy],
     bindings: &[ValidatingAdmissionPolicyBinding],
 ) {
-    let [policy] = policies else {
-        panic!("one ValidatingAdmissionPolicy: {policies:?}")
+    assert_eq!((policies.len(), bindings.len()), (2, 2), "{policies:?}");
+    let jobs = bound_policy(
+        "gpu-driver-jobs.gpu-driver.gardenlinux.io",
+        policies,
+        bindings,
+    );
+    let constraints = jobs.match_constraints.unwrap();
+    let rules = constraints.resource_rules.unwrap();
+    let [rule] = rules.as_slice() else {
+        panic!("{rules:?}")
     };
-    let [binding] = bindings else {
-        panic!("one ValidatingAdmissionPolicyBinding: {bindings:?}")
-    };
-    let name = policy.metadata.name.clone().unwrap();
-    let spec = policy.spec.clone().unwrap();
-    let bspec = binding.spec.clone().unwrap();
-    assert_eq!(bspec.policy_name.as_deref(), Some(name.as_str()));
-    assert_eq!(bspec.validation_actions, Some(vec!["Deny".to_string()]));
-    assert_eq!(bspec.match_resources, None, "bound to every GpuDriver");
-    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    assert_eq!(rule.api_groups, Some(vec!["batch".to_string()]));
+    assert_eq!(rule.resources, Some(vec!["jobs".to_string()]));
+    assert_eq!(rule.operations, Some(vec!["CREATE".to_string()]));
+    assert_eq!(constraints.namespace_selector, None);
+    let selector = constraints.object_selector.unwrap().match_labels.unwrap();
+    assert_eq!(
+        selector,
+        BTreeMap::from([(
+            gpu_driver_operator::keys::MANAGED_BY_LABEL.to_string(),
+            gpu_driver_operator::keys::MANAGED_BY.to_string()
+        )])
+    );
+    let spec = bound_policy(
+        "gpudriver-sources.gpu-driver.gardenlinux.io",
+        policies,
+        bindings,
+    );
     let rules = spec.match_constraints.unwrap().resource_rules.unwrap();
     let [rule] = rules.as_slice() else {
         panic!("{rules:?}")
@@ -260,19 +309,17 @@ fn admission_policy_is_bound_and_fails_closed(
         .map(|v| v.name)
         .collect();
     assert_eq!(
-        variables[..5],
+        variables[..7],
         [
             "allowedRegistries",
             "allowedCacheUrls",
             "allowedCacheSecrets",
             "allowHttpCache",
-            "allowedCacheWriteSecrets"
+            "allowedCacheWriteSecrets",
+            "allowedCatalogConfigMaps",
+            "allowedSigningSecrets"
         ]
     );
-    for v in spec.validations.unwrap() {
-        assert!(v.message.is_some(), "{v:?}");
-        assert_eq!(v.reason.as_deref(), Some("Forbidden"));
-    }
 }
 
 /// The exporter's DaemonSet (deploy/exporter.yaml; the chart renders the
@@ -455,6 +502,9 @@ fn admission_policy_refuses_every_installer_flag_that_moves_sources_or_trust() {
         "--cache-url",
         "--artifact-sha256",
         "--module-params",
+        // The signing key is the build Jobs' alone.
+        "--signing-key",
+        "--signing-cert",
     ] {
         assert!(denied.contains(f), "the policy must refuse {f}: {denied:?}");
     }

@@ -76,8 +76,8 @@ pub struct GpuDriverSpec {
     #[serde(default)]
     #[schemars(length(max = 64))]
     pub extra_args: Vec<String>,
-    /// Build Jobs: where they run and whether a node may still compile
-    /// for itself.
+    /// Build Jobs: where they run, whether a node may still compile for
+    /// itself, and the key they sign modules with.
     #[serde(default)]
     pub build: BuildPolicy,
     /// Targets to build before any node runs them (a worker pool's next
@@ -251,6 +251,15 @@ pub struct BuildPolicy {
     /// build runs as many compilers as the memory limit holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// A `kubernetes.io/tls` Secret in the operator's namespace (`kubectl
+    /// create secret tls NAME --cert cert.pem --key key.pem`) whose key
+    /// signs every module a build Job builds, for nodes that load only
+    /// signed modules (UEFI Secure Boot; its certificate must be enrolled
+    /// there). Only build Jobs mount it (read-only: `tls.key`, `tls.crt`),
+    /// so it needs `cache`; install Jobs never see the key. Part of the
+    /// target key: naming it (or another Secret) builds every target anew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_secret_name: Option<String>,
 }
 
 fn default_build_parallel() -> u32 {
@@ -266,6 +275,7 @@ impl Default for BuildPolicy {
             max_parallel: default_build_parallel(),
             allow_gpu_nodes: false,
             resources: None,
+            signing_secret_name: None,
         }
     }
 }

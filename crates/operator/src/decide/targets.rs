@@ -77,7 +77,8 @@ pub(crate) fn builds_enabled(spec: &GpuDriverSpec) -> bool {
 }
 
 /// The target's key under the current driver policy: a new driver version
-/// or flavor is a new target.
+/// or flavor is a new target, and so is another signing Secret (modules
+/// signed with another key, or unsigned, are another artifact).
 pub(crate) fn target_key(spec: &GpuDriverSpec, t: &Target) -> String {
     let mut parts = vec![
         t.os_image.as_str(),
@@ -87,6 +88,14 @@ pub(crate) fn target_key(spec: &GpuDriverSpec, t: &Target) -> String {
         spec.driver.flavor.as_str(),
     ];
     parts.extend(spec.driver.catalog_config_map.as_deref());
+    // Prefixed, so that a Secret never hashes like a catalog of that name;
+    // without one, keys stay what they were.
+    let signer = spec
+        .build
+        .signing_secret_name
+        .as_ref()
+        .map(|s| format!("signing-secret={s}"));
+    parts.extend(signer.as_deref());
     short_hash(&parts)
 }
 
@@ -293,6 +302,38 @@ mod tests {
         let name = build_job_name(&t, &target_key(&s, &t), 0);
         assert!(name.starts_with("gpu-build-6-12-44-cloud-amd64-"), "{name}");
         assert!(name.len() <= 63);
+    }
+
+    /// Signing on (or another Secret) is a new target and a new build
+    /// Job, never an unsigned artifact taken for a signed one; the nodes'
+    /// desired key stays (no reinstall, no drain: a node picks the signed
+    /// build at its next install).
+    #[test]
+    fn a_signing_secret_is_a_new_target_but_no_reinstall() {
+        let node = gl_node("Garden Linux 1877.3", "6.12.44-cloud-amd64");
+        let t = Target::of_node(&node).unwrap();
+        let plain = spec();
+        let mut signed = spec();
+        signed.build.signing_secret_name = Some("module-signing".into());
+        let mut other = spec();
+        other.build.signing_secret_name = Some("module-signing-2".into());
+        let keys = [&plain, &signed, &other].map(|s| target_key(s, &t));
+        assert!(
+            keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2],
+            "{keys:?}"
+        );
+        assert_ne!(
+            build_job_name(&t, &keys[0], 0),
+            build_job_name(&t, &keys[1], 0)
+        );
+        // Not the catalog ConfigMap of the same name.
+        let mut catalog = spec();
+        catalog.driver.catalog_config_map = Some("module-signing".into());
+        assert_ne!(target_key(&catalog, &t), keys[1]);
+        assert_eq!(
+            crate::decide::desired_key(&plain, &node),
+            crate::decide::desired_key(&signed, &node)
+        );
     }
 
     #[test]

@@ -45,6 +45,11 @@ pub(crate) const SERVICE_ACCOUNT: &str = "gpu-driver-installer";
 pub(crate) const CATALOG_DIR: &str = "/etc/gpu-driver/catalog";
 /// The ConfigMap's key, and the file it becomes.
 pub(crate) const CATALOG_KEY: &str = "catalog.toml";
+/// Where a build Job mounts `build.signingSecretName` (a tls Secret).
+pub(crate) const SIGNING_DIR: &str = "/run/gpu-driver/signing";
+/// The tls Secret's keys, and the files they become.
+pub(crate) const SIGNING_KEY: &str = "tls.key";
+pub(crate) const SIGNING_CERT: &str = "tls.crt";
 
 /// What the controller decided to run.
 #[derive(Debug, Clone)]
@@ -206,9 +211,25 @@ pub(crate) fn installer_args(gd: &GpuDriver, req: &JobRequest<'_>) -> Vec<String
             }
             driver(&mut args);
             cache(&mut args);
+            args.extend(signing_args(gd));
         }
     }
     args
+}
+
+/// `prebuild`'s `--signing-key` and `--signing-cert`, the files of the
+/// signing Secret's volume, where the GpuDriver names one. Build Jobs
+/// only: an install Job's `run` never gets the key.
+fn signing_args(gd: &GpuDriver) -> Vec<String> {
+    if gd.spec.build.signing_secret_name.is_none() {
+        return Vec::new();
+    }
+    vec![
+        "--signing-key".into(),
+        format!("{SIGNING_DIR}/{SIGNING_KEY}"),
+        "--signing-cert".into(),
+        format!("{SIGNING_DIR}/{SIGNING_CERT}"),
+    ]
 }
 
 pub fn build(gd: &GpuDriver, req: &JobRequest<'_>) -> Job {
@@ -731,6 +752,139 @@ mod tests {
             crate::decide::desired_key(&g.spec, &node),
             crate::decide::desired_key(&plain.spec, &node)
         );
+    }
+
+    /// The signing Secret's volume and mount in a pod, and whether its
+    /// main container's args name the key or the certificate.
+    fn signing_parts(
+        p: &k8s_openapi::api::core::v1::PodSpec,
+    ) -> (
+        Vec<&k8s_openapi::api::core::v1::Volume>,
+        Vec<&k8s_openapi::api::core::v1::VolumeMount>,
+        bool,
+    ) {
+        let secret_volumes: Vec<_> = p
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|v| v.secret.is_some() || v.name == "signing")
+            .collect();
+        let mounts: Vec<_> = p
+            .containers
+            .iter()
+            .chain(p.init_containers.iter().flatten())
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .filter(|m| m.name == "signing" || m.mount_path.starts_with(SIGNING_DIR))
+            .collect();
+        let args = p
+            .containers
+            .iter()
+            .chain(p.init_containers.iter().flatten())
+            .flat_map(|c| c.args.iter().flatten())
+            .any(|a| a.starts_with("--signing") || a.contains(SIGNING_DIR));
+        (secret_volumes, mounts, args)
+    }
+
+    /// `build.signingSecretName`: the build Job mounts the tls Secret
+    /// read-only (owner-read files, key and certificate only) and passes
+    /// both files to `prebuild`, after its other options.
+    #[test]
+    fn the_build_job_alone_mounts_the_signing_secret_read_only() {
+        let mut g = gd_with_two_secrets();
+        g.spec.build.signing_secret_name = Some("module-signing".into());
+        let p = example_pod(&g, TemplateKind::Build);
+        let (volumes, mounts, _) = signing_parts(&p);
+        let [v] = volumes.as_slice() else {
+            panic!("{volumes:?}")
+        };
+        let secret = v.secret.as_ref().unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("module-signing"));
+        assert_eq!(secret.default_mode, Some(0o400));
+        assert_eq!(secret.optional, Some(false));
+        let items: Vec<(&str, &str)> = secret
+            .items
+            .iter()
+            .flatten()
+            .map(|i| (i.key.as_str(), i.path.as_str()))
+            .collect();
+        assert_eq!(items, [("tls.key", "tls.key"), ("tls.crt", "tls.crt")]);
+        let [m] = mounts.as_slice() else {
+            panic!("{mounts:?}")
+        };
+        assert_eq!(
+            (m.name.as_str(), m.mount_path.as_str(), m.read_only),
+            (v.name.as_str(), "/run/gpu-driver/signing", Some(true))
+        );
+        let main = &p.containers[0];
+        assert!(
+            main.volume_mounts.iter().flatten().any(|x| x == *m),
+            "the installer container mounts it"
+        );
+        let init = &p.init_containers.as_ref().unwrap()[0];
+        assert!(
+            init.volume_mounts
+                .iter()
+                .flatten()
+                .all(|x| x.name != v.name)
+        );
+        let args = main.args.as_ref().unwrap().join(" ");
+        assert!(
+            args.ends_with(
+                " prebuild --os-id gardenlinux --os-version 1877.3 \
+                 --kernel-release 6.12.44-cloud-amd64 --arch amd64 --flavor open \
+                 --driver-version 580.95.05 --cache-url s3://bucket/gpu \
+                 --signing-key /run/gpu-driver/signing/tls.key \
+                 --signing-cert /run/gpu-driver/signing/tls.crt"
+            ),
+            "{args}"
+        );
+        // The write Secret stays the build's only environment Secret.
+        assert_eq!(secret_names(main), ["cache-writer"]);
+    }
+
+    /// Install Jobs (compiling on the node, or from the cache) and detect
+    /// Jobs never mount the signing Secret nor name its files, whatever
+    /// the spec says; without a signing Secret the build Job is as before.
+    #[test]
+    fn install_jobs_never_see_the_signing_secret() {
+        let mut g = gd_with_two_secrets();
+        let unsigned = example_pod(&g, TemplateKind::Build);
+        g.spec.build.signing_secret_name = Some("module-signing".into());
+        for kind in [TemplateKind::Install, TemplateKind::CachedInstall] {
+            let p = example_pod(&g, kind);
+            let (volumes, mounts, args) = signing_parts(&p);
+            assert!(volumes.is_empty(), "{kind:?}: {volumes:?}");
+            assert!(mounts.is_empty(), "{kind:?}: {mounts:?}");
+            assert!(!args, "{kind:?}: {:?}", p.containers[0].args);
+        }
+        let detect = build(
+            &g,
+            &JobRequest::node_job(JobRole::Detect, "d", "ns", "n1", "installer:1", "boot"),
+        );
+        let p = detect.spec.unwrap().template.spec.unwrap();
+        let (volumes, mounts, args) = signing_parts(&p);
+        assert!(volumes.is_empty() && mounts.is_empty() && !args);
+
+        // No signing Secret: the build Job has none of it, and the signed
+        // one differs from it only by the volume, the mount and the args.
+        let (volumes, mounts, args) = signing_parts(&unsigned);
+        assert!(volumes.is_empty() && mounts.is_empty() && !args);
+        let mut signed = example_pod(&g, TemplateKind::Build);
+        signed
+            .volumes
+            .as_mut()
+            .unwrap()
+            .retain(|v| v.name != "signing");
+        let main = &mut signed.containers[0];
+        main.volume_mounts
+            .as_mut()
+            .unwrap()
+            .retain(|m| m.name != "signing");
+        main.args
+            .as_mut()
+            .unwrap()
+            .truncate(unsigned.containers[0].args.as_ref().unwrap().len());
+        assert_eq!(signed, unsigned);
     }
 
     #[test]

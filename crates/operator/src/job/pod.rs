@@ -5,13 +5,13 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvFromSource,
     KeyToPath, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecretEnvSource,
-    SecurityContext, Toleration, Volume, VolumeMount,
+    SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{
     CATALOG_DIR, CATALOG_KEY, INSTALLER_DIR, INSTALLER_IN_IMAGE, INSTALLER_PATH, JobRequest,
-    SERVICE_ACCOUNT, installer_args,
+    SERVICE_ACCOUNT, SIGNING_CERT, SIGNING_DIR, SIGNING_KEY, installer_args,
 };
 use crate::crd::GpuDriver;
 use crate::decide::JobRole;
@@ -86,6 +86,46 @@ fn with_catalog_mount(gd: &GpuDriver, mut mounts: Vec<VolumeMount>) -> Vec<Volum
     mounts
 }
 
+const SIGNING_VOLUME: &str = "signing";
+
+/// A build pod's `volumes` and the signing Secret, when the GpuDriver
+/// names one: its key and certificate only, mode 0400 (the kubelet makes
+/// it 0440 for the pod's fsGroup, the build user's own group, which is
+/// how that user reads it). Install and detect pods never call this.
+fn with_signing(gd: &GpuDriver, mut volumes: Vec<Volume>) -> Vec<Volume> {
+    if let Some(name) = &gd.spec.build.signing_secret_name {
+        let item = |key: &str| KeyToPath {
+            key: key.into(),
+            path: key.into(),
+            mode: None,
+        };
+        volumes.push(Volume {
+            name: SIGNING_VOLUME.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(name.clone()),
+                items: Some(vec![item(SIGNING_KEY), item(SIGNING_CERT)]),
+                default_mode: Some(0o400),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        });
+    }
+    volumes
+}
+
+/// A build container's `mounts` and the signing Secret's, read-only.
+fn with_signing_mount(gd: &GpuDriver, mut mounts: Vec<VolumeMount>) -> Vec<VolumeMount> {
+    if gd.spec.build.signing_secret_name.is_some() {
+        mounts.push(VolumeMount {
+            name: SIGNING_VOLUME.into(),
+            mount_path: SIGNING_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    mounts
+}
+
 /// Where `prebuild` keeps the package, the headers and the build tree:
 /// the build pod's root filesystem is read-only.
 const BUILD_CACHE_DIR: &str = "/var/cache/gpu-driver";
@@ -103,17 +143,6 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
     if let Some(t) = req.target {
         node_selector.insert("kubernetes.io/arch".into(), t.arch.clone());
     }
-    let empty = |name: &str| Volume {
-        name: name.into(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Default::default()
-    };
-    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
-        name: name.into(),
-        mount_path: path.into(),
-        read_only: Some(read_only),
-        ..Default::default()
-    };
     let main = Container {
         name: MAIN_CONTAINER.into(),
         image: Some(req.image.to_string()),
@@ -124,14 +153,7 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
                 .as_ref()
                 .and_then(|c| c.write_secret_name.clone()),
         ),
-        volume_mounts: Some(with_catalog_mount(
-            gd,
-            vec![
-                mount(VOLUME, INSTALLER_DIR, true),
-                mount(BUILD_SCRATCH, BUILD_CACHE_DIR, false),
-                mount(BUILD_TMP, "/tmp", false),
-            ],
-        )),
+        volume_mounts: Some(build_mounts(gd)),
         security_context: Some(unprivileged()),
         resources: Some(
             spec.build
@@ -166,12 +188,38 @@ fn build_pod_spec(gd: &GpuDriver, req: &JobRequest<'_>) -> PodSpec {
         }),
         init_containers: Some(vec![copy_container(gd)]),
         containers: vec![main],
-        volumes: Some(with_catalog(
-            gd,
-            vec![empty(VOLUME), empty(BUILD_SCRATCH), empty(BUILD_TMP)],
-        )),
+        volumes: Some(build_volumes(gd)),
         ..Default::default()
     }
+}
+
+/// A build pod's volumes: the installer's, the build's scratch and /tmp
+/// (the root filesystem is read-only), the catalog and the signing Secret
+/// where the GpuDriver names them.
+fn build_volumes(gd: &GpuDriver) -> Vec<Volume> {
+    let empty = |name: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    let volumes = vec![empty(VOLUME), empty(BUILD_SCRATCH), empty(BUILD_TMP)];
+    with_signing(gd, with_catalog(gd, volumes))
+}
+
+/// The build container's mounts of [`build_volumes`].
+fn build_mounts(gd: &GpuDriver) -> Vec<VolumeMount> {
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    let mounts = vec![
+        mount(VOLUME, INSTALLER_DIR, true),
+        mount(BUILD_SCRATCH, BUILD_CACHE_DIR, false),
+        mount(BUILD_TMP, "/tmp", false),
+    ];
+    with_signing_mount(gd, with_catalog_mount(gd, mounts))
 }
 
 /// Keeps a build pod off the GPU nodes it serves: no node with NVIDIA's
