@@ -91,6 +91,7 @@ fn make(url: &str, size_mib: u64, dir: &Path) -> Result<(), Box<dyn std::error::
         firmware_note: None,
         user_space: Vec::new(),
         links: Vec::new(),
+        signer: None,
     };
     let mut pack = Vec::new();
     for (i, (name, mib)) in files.iter().enumerate() {

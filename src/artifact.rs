@@ -64,6 +64,11 @@ pub struct Manifest {
     /// install creates them, after checking each target is a plain name).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<ManifestLink>,
+    /// Who signed every module (`build --signing-key/--signing-cert`);
+    /// absent when they are unsigned. Optional and additive, so readers of
+    /// version 2 still read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<crate::host::Signer>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,6 +206,14 @@ impl Manifest {
                 "kernelRelease {:?} is not a kernel release like 6.1.0-50-cloud-amd64",
                 self.kernel_release
             )));
+        }
+        if let Some(signer) = &self.signer {
+            if !is_sha256_hex(&signer.sha256) || signer.subject.len() > 1024 {
+                return Err(invalid(format!(
+                    "signer {:?} has no sha256 fingerprint of 64 hex digits (or an overlong subject)",
+                    signer.sha256
+                )));
+            }
         }
         for e in self.entries() {
             if !relative_plain(e.file) || e.file == MANIFEST_FILE {
@@ -597,6 +610,7 @@ mod tests {
                 mode: 0o755,
             }],
             links: vec![],
+            signer: None,
         };
         (m, packed)
     }

@@ -117,6 +117,17 @@ pub enum Command {
         #[arg(long, value_name = "PATH", default_value = "docs/matrix.json")]
         matrix: PathBuf,
     },
+    /// The module-signing certificate a host enrolls: prints its subject
+    /// and SHA-256 fingerprint (JSON) and, with --out, writes it as DER,
+    /// the form `mokutil --import` takes.
+    SigningCert {
+        /// The certificate, PEM or DER (a tls Secret's tls.crt).
+        #[arg(long, value_name = "PATH")]
+        signing_cert: PathBuf,
+        /// Write the certificate here as DER.
+        #[arg(long, value_name = "PATH")]
+        out: Option<PathBuf>,
+    },
     /// Make the current driver root visible at /run/nvidia/driver (a link,
     /// or a read-only bind mount onto a directory there), in the mount
     /// namespace at --mount-ns if given. Install runs it; so can a test.
@@ -237,6 +248,8 @@ pub struct RunArgs {
     pub cache_entry: Option<String>,
     #[command(flatten)]
     pub fetch: FetchArgs,
+    #[command(flatten)]
+    pub signing: SigningArgs,
 }
 
 #[derive(Debug, Args)]
@@ -250,6 +263,8 @@ pub struct PrebuildArgs {
     pub os_version: String,
     #[command(flatten)]
     pub fetch: FetchArgs,
+    #[command(flatten)]
+    pub signing: SigningArgs,
 }
 
 #[derive(Debug, Args)]
@@ -356,6 +371,33 @@ impl CacheArgs {
     }
 }
 
+/// Module signing (Secure Boot): both or neither.
+#[derive(Debug, Args)]
+pub struct SigningArgs {
+    /// Sign every module with this PEM private key (a kubernetes.io/tls
+    /// Secret's tls.key), with the kernel headers' scripts/sign-file. The
+    /// key is only handed to sign-file: never read, logged or packaged.
+    #[arg(long, value_name = "PATH", requires = "signing_cert")]
+    pub signing_key: Option<PathBuf>,
+    /// The key's X.509 certificate, PEM or DER (tls.crt): recorded in the
+    /// artifact's manifest (subject, SHA-256) and the cache key; the
+    /// certificate the hosts enroll (`signing-cert`, `mokutil --import`).
+    #[arg(long, value_name = "PATH", requires = "signing_key")]
+    pub signing_cert: Option<PathBuf>,
+}
+
+impl SigningArgs {
+    pub fn files(&self) -> Option<crate::signing::SigningFiles> {
+        match (&self.signing_key, &self.signing_cert) {
+            (Some(key), Some(cert)) => Some(crate::signing::SigningFiles {
+                key: key.clone(),
+                cert: cert.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct BuildArgs {
     /// The driver package: NVIDIA's .run, a module-source tarball (Debian's
@@ -398,6 +440,8 @@ pub struct BuildArgs {
     /// Allow a plain http:// cache endpoint (trusted networks only).
     #[arg(long)]
     pub allow_http: bool,
+    #[command(flatten)]
+    pub signing: SigningArgs,
 }
 
 /// `build` needs a concrete flavor: "auto" is `resolve`'s decision.
@@ -545,6 +589,19 @@ fn execute_tool(g: &GlobalArgs, command: &Command) -> Result<Option<u8>> {
             crate::userspace::enter_mount_namespace(mount_ns)?;
             Err(crate::install::exec_host_tool((*tool).into(), args))
         }
+        Command::SigningCert { signing_cert, out } => {
+            let (der, signer) = crate::signing::read_certificate(signing_cert)?;
+            if let Some(out) = out {
+                crate::signing::write_der(&der, out)?;
+            }
+            let doc = serde_json::json!({
+                "subject": signer.subject,
+                "sha256": signer.sha256,
+                "der": out.as_ref().map(|p| p.display().to_string()),
+            });
+            emit_raw(g, &format!("{doc}\n"))?;
+            Ok(Some(0))
+        }
         Command::CopySelf { dest } => {
             crate::files::copy_self(dest)?;
             emit_raw(g, &format!("{}\n", dest.display()))?;
@@ -604,10 +661,12 @@ fn execute_step(g: &GlobalArgs, command: &Command) -> Result<u8> {
             cfg.no_compile = args.no_compile;
             cfg.artifact_sha256 = args.artifact_sha256.clone();
             cfg.cache_entry = args.cache_entry.clone();
+            cfg.signing = args.signing.files();
             deliver(g, Kind::RunResult, &run::run(&cfg))
         }
         Command::Prebuild(args) => {
-            let cfg = with_fetch(config(g), &args.fetch);
+            let mut cfg = with_fetch(config(g), &args.fetch);
+            cfg.signing = args.signing.files();
             let doc = run::prebuild(&cfg, &args.os_id, &args.os_version);
             deliver(g, Kind::RunResult, &doc)
         }
@@ -702,6 +761,7 @@ fn build_options(g: &GlobalArgs, args: &BuildArgs) -> BuildOptions {
         cache: args.cache.config(args.allow_http),
         no_compile: false,
         lookup_only: false,
+        signing: args.signing.files(),
     }
 }
 

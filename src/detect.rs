@@ -127,7 +127,14 @@ fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
     st.loaded_driver = host::read_optional(&version_path)?
         .as_deref()
         .and_then(host::parse_nvidia_version);
-    st.secure_boot = Some(host::read_secure_boot(root)?);
+    let secure_boot = host::read_secure_boot(root)?;
+    st.secure_boot = Some(secure_boot);
+    st.lockdown = host::read_lockdown(root)?;
+    st.module_signatures_required = host::module_signatures_required(
+        Some(secure_boot),
+        st.lockdown,
+        host::read_sig_enforce(root),
+    );
     Ok(())
 }
 

@@ -615,7 +615,10 @@ pub fn parse_kconfig_string(text: &str, key: &str) -> Option<String> {
 
 /// A value from the headers' configuration: `include/config/auto.conf`,
 /// else `.config`.
-fn read_config_value<T>(arch_dir: &Path, parse: impl Fn(&str) -> Option<T>) -> Result<Option<T>> {
+pub(crate) fn read_config_value<T>(
+    arch_dir: &Path,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>> {
     for f in ["include/config/auto.conf", ".config"] {
         if let Some(text) = read_text_optional(&arch_dir.join(f))? {
             if let Some(v) = parse(&text) {

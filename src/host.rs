@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Failure, Result};
 
 pub use gpu_driver_contract::host::{
-    CpuArch, HostRoot, HostRootSource, LoadedDriver, LoadedModule, ModuleFlavor, OS_RELEASE_PATHS,
-    OsInfo, SecureBoot, components, pid1_is_foreign,
+    CpuArch, HostRoot, HostRootSource, LoadedDriver, LoadedModule, Lockdown, ModuleFlavor,
+    OS_RELEASE_PATHS, OsInfo, SecureBoot, Signer, components, pid1_is_foreign,
 };
 
 /// The most a host file the installer reads may hold: os-release and the
@@ -442,6 +442,73 @@ pub fn read_secure_boot(root: &HostRoot) -> Result<SecureBoot> {
     }
 }
 
+/// `/sys/kernel/security/lockdown`: `none [integrity] confidentiality`;
+/// the bracketed one is in force.
+pub fn parse_lockdown(text: &str) -> Option<Lockdown> {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+        .and_then(|m| match m {
+            "none" => Some(Lockdown::None),
+            "integrity" => Some(Lockdown::Integrity),
+            "confidentiality" => Some(Lockdown::Confidentiality),
+            _ => None,
+        })
+}
+
+/// The lockdown mode; `None` without securityfs or the lockdown LSM.
+pub fn read_lockdown(root: &HostRoot) -> Result<Option<Lockdown>> {
+    let path = root.kernel_path("/sys/kernel/security/lockdown");
+    Ok(read_optional(&path)
+        .ok()
+        .flatten()
+        .as_deref()
+        .and_then(parse_lockdown))
+}
+
+/// Whether the kernel refuses unsigned modules, from what could be read:
+/// Secure Boot on (Debian's and Garden Linux's kernels lock down then),
+/// lockdown `integrity`/`confidentiality`, or `module.sig_enforce=Y`.
+/// `None` when nothing could be read.
+pub fn module_signatures_required(
+    secure_boot: Option<SecureBoot>,
+    lockdown: Option<Lockdown>,
+    sig_enforce: Option<bool>,
+) -> Option<bool> {
+    let yes = secure_boot == Some(SecureBoot::Enabled)
+        || matches!(
+            lockdown,
+            Some(Lockdown::Integrity | Lockdown::Confidentiality)
+        )
+        || sig_enforce == Some(true);
+    let known = matches!(
+        secure_boot,
+        Some(SecureBoot::Enabled | SecureBoot::Disabled | SecureBoot::NotEfi)
+    ) || lockdown.is_some()
+        || sig_enforce.is_some();
+    (yes || known).then_some(yes)
+}
+
+/// `/sys/module/module/parameters/sig_enforce` (`Y`/`N`); `None` when the
+/// kernel has no module signing.
+pub fn read_sig_enforce(root: &HostRoot) -> Option<bool> {
+    let path = root.kernel_path("/sys/module/module/parameters/sig_enforce");
+    match read_optional(&path).ok().flatten()?.trim() {
+        "Y" => Some(true),
+        "N" => Some(false),
+        _ => None,
+    }
+}
+
+/// [`module_signatures_required`] of the host.
+pub fn read_signatures_required(root: &HostRoot) -> Result<Option<bool>> {
+    let sb = read_secure_boot(root)?;
+    Ok(module_signatures_required(
+        Some(sb),
+        read_lockdown(root)?,
+        read_sig_enforce(root),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,6 +625,40 @@ mod tests {
         assert_eq!(mods[0].name, "nvidia");
         assert_eq!(mods[0].used_by, vec!["nvidia_modeset", "nvidia_uvm"]);
         assert!(parse_proc_modules("nvidia notanumber").is_err());
+    }
+
+    #[test]
+    fn lockdown_is_the_bracketed_mode() {
+        assert_eq!(
+            parse_lockdown("none [integrity] confidentiality\n"),
+            Some(Lockdown::Integrity)
+        );
+        assert_eq!(
+            parse_lockdown("[none] integrity confidentiality"),
+            Some(Lockdown::None)
+        );
+        assert_eq!(parse_lockdown("none integrity"), None);
+    }
+
+    #[test]
+    fn signatures_are_required_by_any_of_the_three() {
+        use SecureBoot::*;
+        let f = module_signatures_required;
+        assert_eq!(f(Some(Enabled), None, None), Some(true));
+        assert_eq!(
+            f(Some(Disabled), Some(Lockdown::Integrity), None),
+            Some(true)
+        );
+        assert_eq!(
+            f(Some(NotEfi), Some(Lockdown::None), Some(true)),
+            Some(true)
+        );
+        assert_eq!(
+            f(Some(Disabled), Some(Lockdown::None), Some(false)),
+            Some(false)
+        );
+        assert_eq!(f(Some(Unknown), None, None), None);
+        assert_eq!(f(Some(Unknown), None, Some(false)), Some(false));
     }
 
     #[test]

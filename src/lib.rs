@@ -32,6 +32,7 @@ pub mod resolve;
 pub mod run;
 mod runfile;
 pub mod schema;
+pub mod signing;
 pub mod step;
 pub use gpu_driver_contract::text;
 pub mod tls;

@@ -86,6 +86,8 @@ pub struct BuildOptions {
     /// [`look_up_first`]: the source is not fetched yet; stop after the
     /// cache lookup.
     pub lookup_only: bool,
+    /// `--signing-key/--signing-cert`: sign every module.
+    pub signing: Option<crate::signing::SigningFiles>,
 }
 
 impl BuildOptions {
@@ -358,7 +360,8 @@ fn restore_from_cache(
         driver_version,
         opts.flavor,
         &pre.compiler.version,
-    );
+    )
+    .signed_by(pre.signing.as_ref().map(|s| &s.signer));
     let artifact = artifact_path(opts, driver_version);
     let entry = session.lookup(key, &artifact)?;
     Some(restored(
@@ -394,6 +397,7 @@ fn restored(
     status.driver_version = Some(driver_version.to_string());
     status.artifact = Some(artifact.display().to_string());
     status.artifact_sha256 = Some(entry.artifact_sha256.clone());
+    status.signer = entry.manifest.signer.clone();
     status.firmware = entry
         .manifest
         .firmware

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
-use super::preflight::{Preflight, Target};
+use super::preflight::Preflight;
 use super::source::Source;
 use super::{BuildOptions, BuildStatus, BuiltModule, LOCAL_IO, artifact_path, seconds};
 use crate::artifact::{
@@ -42,7 +42,8 @@ pub(super) fn package(
     fs::create_dir_all(&module_dir).map_err(|e| Error::io(LOCAL_IO, "creating", &module_dir, e))?;
     let mut modules = Vec::new();
     for ko in &built {
-        modules.push(stage_module(ko, &module_dir, release, &pre.target)?);
+        let staged = stage_module(ko, &module_dir, release, pre)?;
+        modules.push(staged);
     }
     let mut manifest = Manifest {
         schema_version: MANIFEST_VERSION,
@@ -59,6 +60,7 @@ pub(super) fn package(
         firmware_note: None,
         user_space: Vec::new(),
         links: Vec::new(),
+        signer: pre.signing.as_ref().map(|s| s.signer.clone()),
     };
     let mut files: Vec<PackFile> = modules
         .iter()
@@ -192,14 +194,20 @@ struct Staged {
 }
 
 /// Strips debug info into `dest_dir` (an unstripped `nvidia.ko` is 184 MB,
-/// stripped 11 MB), reads its modinfo and checks the vermagic's release.
-fn stage_module(ko: &Path, dest_dir: &Path, release: &str, target: &Target) -> Result<Staged> {
+/// stripped 11 MB), signs it when the build signs (after the strip, which
+/// would drop an appended signature), reads its modinfo and checks the
+/// vermagic's release.
+fn stage_module(ko: &Path, dest_dir: &Path, release: &str, pre: &Preflight) -> Result<Staged> {
+    let target = &pre.target;
     let file_name = ko
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let dest = dest_dir.join(&file_name);
     run_strip(&target.tool("strip"), ko, &dest)?;
+    if let Some(signing) = &pre.signing {
+        signing.sign(&dest)?;
+    }
     let info = modinfo::read_modinfo(&dest)
         .map_err(|e| Error::new(Failure::BuildFailed, format!("reading modinfo: {e}")))?;
     check_vermagic(&file_name, &info.vermagic, release)?;

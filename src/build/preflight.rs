@@ -18,6 +18,8 @@ pub(super) struct Preflight {
     pub(super) cc: String,
     pub(super) compiler: CompilerUsed,
     pub(super) work: PathBuf,
+    /// `--signing-key/--signing-cert`, checked.
+    pub(super) signing: Option<crate::signing::Signing>,
 }
 
 /// Cheap checks first, so that a doomed build fails in milliseconds rather
@@ -42,6 +44,15 @@ pub(super) fn preflight(opts: &BuildOptions, status: &mut BuildStatus) -> Result
     let mut compiler = check_compiler(&cc, headers.cc_version_text.as_deref())?;
     compiler.cross_compile = target.is_cross().then(|| target.cross_prefix.clone());
     status.compiler = Some(compiler.clone());
+    let signing = match &opts.signing {
+        Some(files) => Some(crate::signing::Signing::prepare(
+            files,
+            &headers.arch_dir,
+            &headers.common_dir,
+        )?),
+        None => None,
+    };
+    status.signer = signing.as_ref().map(|s| s.signer.clone());
     let work = opts.work_dir();
     fs::create_dir_all(&work).map_err(|e| Error::io(LOCAL_IO, "creating", &work, e))?;
     fs::create_dir_all(&opts.out_dir)
@@ -52,6 +63,7 @@ pub(super) fn preflight(opts: &BuildOptions, status: &mut BuildStatus) -> Result
         cc,
         compiler,
         work,
+        signing,
     })
 }
 

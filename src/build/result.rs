@@ -126,6 +126,10 @@ pub struct BuildStatus {
     /// lines).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_excerpt: Option<String>,
+    /// Who signed the modules (`--signing-key/--signing-cert`): the
+    /// certificate's subject and SHA-256 fingerprint; absent when unsigned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<crate::host::Signer>,
     pub timings: Timings,
     /// What the artifact cache did (`--cache-url`); `Disabled` without one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -159,6 +163,7 @@ impl StepStatus for BuildStatus {
             user_space: Vec::new(),
             log: None,
             log_excerpt: None,
+            signer: None,
             timings: Timings::default(),
             cache: None,
         }

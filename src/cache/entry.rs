@@ -24,6 +24,11 @@ pub struct CacheKey {
     pub compiler: String,
     /// `<cache format>.<manifest version>`.
     pub format: String,
+    /// The SHA-256 of the certificate the modules are signed with (`build
+    /// --signing-cert`); empty when unsigned, and then absent, so that
+    /// unsigned entries keep the key (and the path) they always had.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub signer: String,
 }
 
 impl CacheKey {
@@ -43,12 +48,24 @@ impl CacheKey {
             flavor,
             compiler: compiler.to_string(),
             format: format!("{FORMAT_VERSION}.{MANIFEST_VERSION}"),
+            signer: String::new(),
         }
     }
 
-    /// The same target: everything but the compiler. An entry a build Job
-    /// named (`--cache-entry`) was built with that Job's image's compiler,
-    /// which an install Job neither has nor needs.
+    /// The key of the same build signed by `signer` (`None`: unsigned). A
+    /// signed and an unsigned artifact never share an entry.
+    pub fn signed_by(self, signer: Option<&crate::host::Signer>) -> Self {
+        CacheKey {
+            signer: signer.map(|s| s.sha256.clone()).unwrap_or_default(),
+            ..self
+        }
+    }
+
+    /// The same target: everything but the compiler and the signer. An
+    /// entry a build Job named (`--cache-entry`) was built with that Job's
+    /// image's compiler and signed with its Secret's key, neither of which
+    /// an install Job has or needs (install checks the signature itself
+    /// where the host requires one).
     pub fn same_target(&self, other: &CacheKey) -> bool {
         self.arch == other.arch
             && self.kernel_release == other.kernel_release
@@ -59,10 +76,16 @@ impl CacheKey {
 
     /// The entry's directory under the store's prefix. The compiler string
     /// (spaces, parentheses) is hashed; the entry's manifest holds it whole.
+    /// A signed build's directory ends in its certificate's fingerprint
+    /// (`cc-…-signer-<16 hex>`), an unsigned one's as it always has.
     pub fn path(&self) -> String {
         let cc = hex::encode(Sha256::digest(self.compiler.as_bytes()));
+        let signer = match self.signer.get(..16) {
+            Some(fp) => format!("-signer-{fp}"),
+            None => String::new(),
+        };
         format!(
-            "artifacts/v{}/{}/{}/{}/{}/cc-{}",
+            "artifacts/v{}/{}/{}/{}/{}/cc-{}{signer}",
             self.format,
             self.arch,
             self.kernel_release,
@@ -316,5 +339,40 @@ mod tests {
             "gcc (Debian 12.2.0-14) 12.2.0",
         );
         assert!(arm.path().contains("/aarch64/"), "{}", arm.path());
+    }
+
+    #[test]
+    fn a_signed_build_has_its_own_key_and_entry() {
+        let unsigned = CacheKey::new(
+            CpuArch::X86_64,
+            "6.1.0-50-cloud-amd64",
+            "535.261.03",
+            ModuleFlavor::Open,
+            "gcc (Debian 12.2.0-14) 12.2.0",
+        );
+        let signer = |fp: &str| crate::host::Signer {
+            subject: "CN=owner".into(),
+            sha256: fp.repeat(64),
+        };
+        let signed = unsigned.clone().signed_by(Some(&signer("a")));
+        let other = unsigned.clone().signed_by(Some(&signer("b")));
+        assert_ne!(unsigned, signed);
+        assert_ne!(signed, other);
+        assert!(
+            signed.path().ends_with(&format!(
+                "/cc-{}-signer-aaaaaaaaaaaaaaaa",
+                &hex::encode(Sha256::digest(b"gcc (Debian 12.2.0-14) 12.2.0"))[..16]
+            )),
+            "{}",
+            signed.path()
+        );
+        assert_ne!(signed.path(), other.path());
+        // Unsigned keys and paths are what they were before signing existed:
+        // the signer is not even serialized.
+        assert_eq!(unsigned.clone().signed_by(None), unsigned);
+        assert!(!serde_json::to_string(&unsigned).unwrap().contains("signer"));
+        assert!(!unsigned.path().contains("signer"));
+        // An install Job reads the entry its build Job named whoever signed it.
+        assert!(unsigned.same_target(&signed));
     }
 }

@@ -54,6 +54,8 @@ struct Placed {
     /// Its real path (links resolved inside the host root), for reading.
     real_dir: PathBuf,
     has_user_space: bool,
+    /// Who signed the modules (the manifest's `signer`), for a refusal.
+    signer: Option<host::Signer>,
 }
 
 /// The steps, in order; the first failure ends the install. Each step
@@ -65,6 +67,7 @@ pub(super) fn install(opts: &InstallOptions, st: &mut InstallStatus) -> Result<D
     let _lock = run.fs.lock(LOCK_PATH)?;
     let (staging, manifest) = unpack(&run, st)?;
     let all = check_vermagic(&run, &staging, &manifest, st)?;
+    check_signatures(&run, &staging, &all)?;
     let sel = select(&run, &all, st);
     let same = find_conflicts(&run, &sel, st)?;
     let placed = place_root(&run, staging, &manifest, st)?;
@@ -167,6 +170,59 @@ fn check_vermagic(
         .with_hint("build the modules for this kernel (gpu-driver-installer build)"));
     }
     Ok(all)
+}
+
+/// Where the host loads only signed modules, every module must carry a
+/// signature, before anything is placed or loaded: the kernel would refuse
+/// an unsigned one with the same `EKEYREJECTED` as a wrong key.
+fn check_signatures(run: &Run, staging: &Staging, all: &[Selected]) -> Result<()> {
+    let sb = host::read_secure_boot(run.root)?;
+    let lockdown = host::read_lockdown(run.root)?;
+    let enforce = host::read_sig_enforce(run.root);
+    if host::module_signatures_required(Some(sb), lockdown, enforce) != Some(true) {
+        return Ok(());
+    }
+    let mut unsigned = Vec::new();
+    for m in all {
+        let path = staging.path.join(&m.rel);
+        if !crate::signing::is_signed_file(&path, Failure::ArtifactInvalid)? {
+            unsigned.push(m.info.name.clone());
+        }
+    }
+    if unsigned.is_empty() {
+        return Ok(());
+    }
+    let why = signature_policy_text(sb, lockdown, enforce);
+    Err(Error::new(
+        Failure::ModuleSignatureRequired,
+        format!(
+            "this host loads only signed modules ({why}), and {} in {} carry no module signature; nothing was loaded",
+            unsigned.join(", "),
+            run.opts.artifact.display()
+        ),
+    )
+    .with_hint(
+        "build with --signing-key and --signing-cert (the operator: spec.build.signingSecretName) and enroll the certificate on the host (mokutil --import); see docs/secure-boot.md",
+    ))
+}
+
+/// What makes signatures mandatory, for messages.
+fn signature_policy_text(
+    sb: host::SecureBoot,
+    lockdown: Option<host::Lockdown>,
+    enforce: Option<bool>,
+) -> String {
+    let mut why = Vec::new();
+    if sb == host::SecureBoot::Enabled {
+        why.push("Secure Boot is on".to_string());
+    }
+    if let Some(l @ (host::Lockdown::Integrity | host::Lockdown::Confidentiality)) = lockdown {
+        why.push(format!("lockdown is {l:?}").to_lowercase());
+    }
+    if enforce == Some(true) {
+        why.push("module.sig_enforce=Y".to_string());
+    }
+    why.join(", ")
 }
 
 /// The modules to load (`--drm`, `--peermem`) and their order.
@@ -316,6 +372,7 @@ fn place_root(
         host_dir,
         real_dir,
         has_user_space,
+        signer: manifest.signer.clone(),
     })
 }
 
@@ -423,19 +480,60 @@ fn load_one(
     }
     st.kernel_log = refusal.kernel_log.clone();
     kmod::rollback(loaded_now, st);
+    let signed = crate::signing::is_signed_file(&path, LOCAL_IO).unwrap_or(false);
+    Err(refusal_error(
+        name,
+        &placed.host_dir.join(&m.rel),
+        &refusal,
+        signed,
+        placed.signer.as_ref(),
+    ))
+}
+
+/// The error for a module the kernel refused. A key refusal
+/// (`EKEYREJECTED`; `ENOKEY` on kernels before 5.4) of a signed module is
+/// the certificate not being trusted there; of an unsigned one, the
+/// signature the host requires.
+fn refusal_error(
+    name: &str,
+    path: &Path,
+    refusal: &kmod::Refusal,
+    signed: bool,
+    signer: Option<&host::Signer>,
+) -> Error {
+    use nix::errno::Errno;
     let kernel = if refusal.kernel_log.is_empty() {
         "the kernel logged nothing".to_string()
     } else {
         format!("kernel log: {}", refusal.kernel_log.join(" | "))
     };
-    Err(Error::new(
-        Failure::ModuleLoadFailed,
-        format!(
-            "loading {name} ({}): {}; {kernel}",
-            placed.host_dir.join(&m.rel).display(),
-            kmod::errno_text(refusal.errno)
-        ),
-    ))
+    let what = format!(
+        "loading {name} ({}): {}; {kernel}",
+        path.display(),
+        kmod::errno_text(refusal.errno)
+    );
+    let key_refusal = matches!(refusal.errno, Errno::EKEYREJECTED | Errno::ENOKEY);
+    match (key_refusal, signed) {
+        (true, true) => {
+            let cert = signer.map_or_else(
+                || "its signing certificate (the artifact's manifest names no signer)".to_string(),
+                |s| format!("its signing certificate {:?} (SHA-256 {})", s.subject, s.sha256),
+            );
+            Error::new(
+                Failure::ModuleKeyRejected,
+                format!("{what}; the kernel does not trust {cert}: it is not enrolled on this host"),
+            )
+            .with_hint(
+                "enroll the certificate as a Machine Owner Key: gpu-driver-installer signing-cert --signing-cert tls.crt --out signing.der; mokutil --import signing.der; reboot and confirm the enrollment in MokManager (docs/secure-boot.md)",
+            )
+        }
+        (true, false) => Error::new(
+            Failure::ModuleSignatureRequired,
+            format!("{what}; the module is unsigned and this kernel loads only signed modules"),
+        )
+        .with_hint("build with --signing-key and --signing-cert (the operator: spec.build.signingSecretName); see docs/secure-boot.md"),
+        (false, _) => Error::new(Failure::ModuleLoadFailed, what),
+    }
 }
 
 /// `/dev/nvidia*` from `/proc/devices` (only when the artifact has

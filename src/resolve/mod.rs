@@ -134,6 +134,11 @@ pub struct PlanStatus {
     /// Module parameters the catalog sets for these GPUs, with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub module_params: Vec<PlannedParams>,
+    /// The host loads only signed modules (Secure Boot, lockdown or
+    /// `module.sig_enforce`): the artifact must be signed with a key it
+    /// trusts (`--signing-key/--signing-cert`), or install refuses it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub signed_modules: bool,
     /// Why the GPUs' IOMMU groups go to passthrough before loading, when
     /// they do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -190,6 +195,7 @@ impl StepStatus for PlanStatus {
             arch: None,
             warnings: Vec::new(),
             module_params: Vec::new(),
+            signed_modules: false,
             iommu_passthrough: None,
             fabric_manager: None,
             persistenced: None,
@@ -265,6 +271,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     };
     st.arch = Some(arch);
     st.warnings.extend(secure_boot_warning(report));
+    st.signed_modules = secure_boot_warning(report).is_some();
 
     // 1. Driver version.
     let (version, source) = choose_version(st, opts, &os.id, os.version.as_deref(), kernel, arch)?;
@@ -452,11 +459,14 @@ fn is_branch(v: &str) -> bool {
     !v.is_empty() && v.len() <= 4 && v.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// On a host with Secure Boot on, the kernel loads only modules signed by a
-/// key it trusts; the modules built here are not signed.
+/// On a host that loads only signed modules (Secure Boot, lockdown,
+/// `sig_enforce`), the artifact must be signed with a key the host trusts.
 fn secure_boot_warning(report: &HostReport) -> Option<String> {
-    (report.status.secure_boot == Some(host::SecureBoot::Enabled)).then(|| {
-        "Secure Boot is enabled: the kernel will refuse the unsigned modules built here, and install will fail with ModuleLoadFailed (\"Key was rejected by service\", EKEYREJECTED); sign them with a key enrolled in the machine's MOK list, or turn Secure Boot off".to_string()
+    let st = &report.status;
+    let required = st.module_signatures_required == Some(true)
+        || st.secure_boot == Some(host::SecureBoot::Enabled);
+    required.then(|| {
+        "Secure Boot is enabled (or the kernel is locked down): it loads only signed modules. Build with --signing-key and --signing-cert (the operator: spec.build.signingSecretName) and enroll that certificate on the node (mokutil --import); an unsigned artifact is refused with ModuleSignatureRequired before anything is loaded, one signed with a key the node does not trust fails with ModuleKeyRejected".to_string()
     })
 }
 

@@ -70,6 +70,8 @@ pub struct Config {
     pub nvidia_smi: Option<PathBuf>,
     /// libcuda for the verify step's CUDA check (`verify --libcuda` only).
     pub libcuda: Option<PathBuf>,
+    /// `--signing-key/--signing-cert`: builds sign their modules.
+    pub signing: Option<crate::signing::SigningFiles>,
 }
 
 /// How packages are downloaded.
@@ -124,6 +126,7 @@ impl Config {
             },
             nvidia_smi: None,
             libcuda: None,
+            signing: None,
         }
     }
 
@@ -444,6 +447,7 @@ fn build_options(
         cache: None,
         no_compile: cfg.no_compile,
         lookup_only: false,
+        signing: cfg.signing.clone(),
     };
     let failed = |opts: &BuildOptions, e| Box::new(build::build_failed(opts.spec(), e));
     match cfg.checked_cache() {

@@ -269,6 +269,7 @@ mod tests {
                 cache: None,
                 no_compile: false,
                 lookup_only: false,
+                signing: None,
             }
             .spec(),
             <build::BuildStatus as crate::step::StepStatus>::unfinished(),

@@ -31,6 +31,8 @@ use serde_json::Value;
 use crate::support::host as host_support;
 use sha2::{Digest, Sha256};
 
+mod signing;
+
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"));
     c.args(["--termination-log", "/nonexistent/termination-log"]);
@@ -342,6 +344,20 @@ impl Job {
             .output()
             .unwrap_or_else(|e| panic!("running unshare (util-linux): {e}"));
         finish(out)
+    }
+
+    /// A program of the root (`argv`), run as [`Job::run`] runs the
+    /// installer.
+    fn run_tool(&self, argv: &[&str]) -> std::process::Output {
+        Command::new("unshare")
+            .arg(format!("--mount-proc={}", self.root.join("proc").display()))
+            .arg("--")
+            .arg("chroot")
+            .arg(&self.root)
+            .args(argv)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .output()
+            .unwrap_or_else(|e| panic!("running unshare (util-linux): {e}"))
     }
 
     /// `build` of `source` for `release` into the job's `out`, after the

@@ -854,12 +854,14 @@ fn secure_boot_on_is_a_warning_in_the_plan() {
     assert!(
         warnings.iter().any(|w| {
             let w = w.as_str().unwrap();
-            w.contains("Secure Boot") && w.contains("ModuleLoadFailed")
+            w.contains("Secure Boot") && w.contains("ModuleSignatureRequired")
         }),
         "{warnings:?}"
     );
+    assert_eq!(r.doc["status"]["signedModules"], true, "{}", r.doc);
     let r = run_on("gardenlinux-2150-h100", &["resolve"]);
     assert!(r.doc["status"].get("warnings").is_none());
+    assert!(r.doc["status"].get("signedModules").is_none());
 }
 
 #[test]

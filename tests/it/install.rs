@@ -133,6 +133,88 @@ fn another_kernels_module_is_refused_before_any_load() {
     assert!(host.join("run/gpu-driver/install.lock").exists());
 }
 
+/// The host root `host` as a Secure Boot host sees it: the `SecureBoot`
+/// variable set (efivarfs: 4 attribute bytes, then 1).
+fn with_secure_boot(host: &Path) {
+    let vars = host.join("sys/firmware/efi/efivars");
+    fs::create_dir_all(&vars).unwrap();
+    fs::write(
+        vars.join("SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"),
+        [6, 0, 0, 0, 1],
+    )
+    .unwrap();
+}
+
+/// Nothing placed: no driver root, no staging directory.
+fn assert_nothing_placed(host: &Path) {
+    let drivers = host.join("var/lib/gpu-driver/drivers");
+    let left: Vec<_> = fs::read_dir(&drivers).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn an_unsigned_module_on_a_secure_boot_host_is_refused_before_any_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (host, art) = empty_host_and_artifact(tmp.path());
+    with_secure_boot(&host);
+    let (code, doc) = install(&host, RELEASE, &art);
+    if skipped_without_root("install's lock and staging") {
+        return;
+    }
+    assert_eq!(
+        outcome(code, &doc),
+        (14, Some("ModuleSignatureRequired")),
+        "{doc}"
+    );
+    let msg = message(&doc);
+    assert!(
+        msg.contains("Secure Boot is on") && msg.contains("gpu_driver_test"),
+        "{msg}"
+    );
+    assert!(doc.to_string().contains("--signing-key"), "{doc}");
+    assert_eq!(doc["status"]["modules"][0]["action"], "notLoaded");
+    assert_nothing_placed(&host);
+}
+
+#[test]
+fn lockdown_or_sig_enforce_require_signatures_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (host, art) = empty_host_and_artifact(tmp.path());
+    let security = host.join("sys/kernel/security");
+    fs::create_dir_all(&security).unwrap();
+    fs::write(
+        security.join("lockdown"),
+        "none [integrity] confidentiality\n",
+    )
+    .unwrap();
+    let (code, doc) = install(&host, RELEASE, &art);
+    if skipped_without_root("install's lock and staging") {
+        return;
+    }
+    assert_eq!(
+        outcome(code, &doc),
+        (14, Some("ModuleSignatureRequired")),
+        "{doc}"
+    );
+    assert!(message(&doc).contains("lockdown is integrity"), "{doc}");
+    fs::write(
+        security.join("lockdown"),
+        "[none] integrity confidentiality\n",
+    )
+    .unwrap();
+    let params = host.join("sys/module/module/parameters");
+    fs::create_dir_all(&params).unwrap();
+    fs::write(params.join("sig_enforce"), "Y\n").unwrap();
+    let (code, doc) = install(&host, RELEASE, &art);
+    assert_eq!(
+        outcome(code, &doc),
+        (14, Some("ModuleSignatureRequired")),
+        "{doc}"
+    );
+    assert!(message(&doc).contains("module.sig_enforce=Y"), "{doc}");
+    assert_nothing_placed(&host);
+}
+
 #[test]
 fn a_tampered_artifact_is_refused() {
     let tmp = tempfile::tempdir().unwrap();

@@ -340,3 +340,111 @@ fn vm_arm64_results() {
         c.failed
     );
 }
+
+/// The Secure Boot VM of `scripts/vm-test-secureboot`: Debian's signed
+/// chain under OVMF with Secure Boot on, the test MOK enrolled, and the
+/// installer installing what its own build signed (`tests/vm-init-secureboot.sh`).
+#[test]
+#[ignore = "run by scripts/vm-test-secureboot, which boots the VM and sets GPU_DRIVER_SB_LOG"]
+fn vm_secure_boot_results() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let path = var("GPU_DRIVER_SB_LOG");
+    let log = std::fs::read_to_string(&path).expect("reading the console log");
+    let signer = |k: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(var(k)).unwrap()).unwrap()
+    };
+    let (mok, other) = (signer("GPU_DRIVER_SB_MOK"), signer("GPU_DRIVER_SB_OTHER"));
+    let b = blocks(&log);
+    let mut c = Checks {
+        passed: 0,
+        failed: 0,
+    };
+    secure_boot_platform(&mut c, &log, &b, &mok);
+    secure_boot_installs(&mut c, &b, &other);
+    nvidia_and_run(&mut c, &b);
+    c.check(
+        "init ran to the end",
+        log.contains("@@DONE@@"),
+        "no @@DONE@@",
+    );
+    println!("{} passed, {} failed", c.passed, c.failed);
+    assert_eq!(
+        c.failed, 0,
+        "{} Secure Boot VM assertion(s) failed; console: {path}",
+        c.failed
+    );
+}
+
+/// Secure Boot on, seen by the kernel and by the installer's detect.
+fn secure_boot_platform(c: &mut Checks, log: &str, b: &BTreeMap<String, Block>, mok: &Value) {
+    let release = std::env::var("GPU_DRIVER_VM_RELEASE").unwrap_or_default();
+    let booted = vm_fact(log, "kernel");
+    c.check(
+        "booted the signed kernel the modules were built for",
+        !booted.is_empty() && (release.is_empty() || booted == release),
+        format!("booted {booted:?}, expected {release:?}"),
+    );
+    c.check(
+        "the kernel is locked down (integrity)",
+        vm_fact(log, "lockdown").contains("[integrity]"),
+        vm_fact(log, "lockdown"),
+    );
+    let subject = mok["subject"].as_str().unwrap_or("?");
+    let cn = subject.trim_start_matches("CN=");
+    c.check(
+        "the MOK is loaded into the kernel's keyring",
+        text(b, "keys").contains(cn) || text(b, "dmesg").contains(cn),
+        format!("{cn:?} not in /proc/keys nor dmesg"),
+    );
+    let (rc, d) = doc(b, "detect");
+    let st = &d["status"];
+    c.check(
+        "detect: secureBoot enabled (real efivarfs), lockdown integrity, signatures required",
+        st["secureBoot"] == "enabled"
+            && st["lockdown"] == "integrity"
+            && st["moduleSignaturesRequired"] == true,
+        format!(
+            "rc {rc:?}: secureBoot {}, lockdown {}, required {}",
+            st["secureBoot"], st["lockdown"], st["moduleSignaturesRequired"]
+        ),
+    );
+}
+
+/// kmod-hello as the installer's build made it: unsigned, another key, the MOK.
+fn secure_boot_installs(c: &mut Checks, b: &BTreeMap<String, Block>, other: &Value) {
+    let (rc, v) = doc(b, "hello-unsigned");
+    c.check(
+        "unsigned: ModuleSignatureRequired (exit 14) before any load",
+        rc == Some(14)
+            && reason(&v) == "ModuleSignatureRequired"
+            && !module_names(&text(b, "hello-unsigned.modules")).contains(&"hello".to_string())
+            && v["status"]["modules"][0]["action"] == "notLoaded",
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    let (rc, v) = doc(b, "hello-other");
+    let fp = other["sha256"].as_str().unwrap_or("?");
+    c.check(
+        "another key: ModuleKeyRejected (EKEYREJECTED) naming its fingerprint and mokutil",
+        rc == Some(14)
+            && reason(&v) == "ModuleKeyRejected"
+            && message(&v).contains("EKEYREJECTED")
+            && message(&v).contains(fp)
+            && v.to_string().contains("mokutil --import"),
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    let (rc, v) = doc(b, "hello-mok");
+    c.check(
+        "signed with the MOK: Installed, hello loaded",
+        rc == Some(0)
+            && reason(&v) == "Installed"
+            && module_names(&text(b, "hello-mok.modules")).contains(&"hello".to_string()),
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+    let (rc, v) = doc(b, "hello-uninstall");
+    c.check(
+        "uninstall: hello unloaded",
+        rc == Some(0)
+            && !module_names(&text(b, "hello-uninstall.modules")).contains(&"hello".to_string()),
+        format!("rc {rc:?}, reason {}: {}", reason(&v), message(&v)),
+    );
+}

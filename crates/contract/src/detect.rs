@@ -4,7 +4,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::host::{CpuArch, HostRootSource, LoadedDriver, LoadedModule, OsInfo, SecureBoot};
+use crate::host::{
+    CpuArch, HostRootSource, LoadedDriver, LoadedModule, Lockdown, OsInfo, SecureBoot,
+};
 use crate::report::{Document, Outcome, Reason, StatusOutcome};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -74,6 +76,15 @@ pub struct HostStatus {
     pub loaded_driver: Option<LoadedDriver>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secure_boot: Option<SecureBoot>,
+    /// The kernel's lockdown mode; absent where securityfs is not mounted
+    /// or the kernel has no lockdown LSM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lockdown: Option<Lockdown>,
+    /// Whether the kernel loads only signed modules (Secure Boot on,
+    /// lockdown `integrity`/`confidentiality`, or `module.sig_enforce=Y`);
+    /// absent where none of them could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_signatures_required: Option<bool>,
 }
 
 impl HostStatus {
@@ -91,6 +102,8 @@ impl HostStatus {
             loaded_modules: Vec::new(),
             loaded_driver: None,
             secure_boot: None,
+            lockdown: None,
+            module_signatures_required: None,
         }
     }
 }

@@ -284,6 +284,28 @@ impl std::fmt::Display for CpuArch {
     }
 }
 
+/// The kernel's lockdown mode (`/sys/kernel/security/lockdown`, the one in
+/// brackets). `integrity` and `confidentiality` make module signatures
+/// mandatory, whatever `module.sig_enforce` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Lockdown {
+    None,
+    Integrity,
+    Confidentiality,
+}
+
+/// Who signed a build's modules: the certificate's subject (RFC 4514-like,
+/// `CN=…, O=…`) and the SHA-256 of its DER encoding, the fingerprint
+/// `openssl x509 -fingerprint -sha256` and `mokutil --list-enrolled` print.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Signer {
+    pub subject: String,
+    /// 64 lowercase hex digits.
+    pub sha256: String,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum SecureBoot {

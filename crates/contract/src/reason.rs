@@ -79,6 +79,10 @@ pub enum Reason {
     KernelApiMismatch,
     /// The compile failed for another reason; the log excerpt says why.
     BuildFailed,
+    /// `build --signing-key/--signing-cert`: the key or certificate cannot
+    /// be read or parsed, the kernel headers have no `scripts/sign-file`,
+    /// or signing a module failed (the message quotes sign-file's stderr).
+    SigningFailed,
     /// `run --no-compile`: the artifact cache holds no usable artifact for
     /// the node's key (no entry, a corrupt one, or the store unreachable),
     /// and compiling on the node is not allowed.
@@ -102,6 +106,14 @@ pub enum Reason {
     /// A module's vermagic names another kernel release than the running
     /// one; refused before anything is loaded.
     VermagicMismatch,
+    /// The host loads only signed modules (Secure Boot, lockdown or
+    /// `module.sig_enforce`) and the artifact's modules are not signed;
+    /// refused before anything is placed or loaded.
+    ModuleSignatureRequired,
+    /// The kernel refused a signed module's key (`EKEYREJECTED`): the
+    /// certificate is not enrolled (MOK) on the host; the message names its
+    /// SHA-256 fingerprint and the enrollment command.
+    ModuleKeyRejected,
     /// The kernel refused a module; the message quotes the errno and the
     /// kernel's own log lines.
     ModuleLoadFailed,
@@ -182,6 +194,7 @@ impl Reason {
         Reason::ProcNotMounted,
         Reason::KernelApiMismatch,
         Reason::BuildFailed,
+        Reason::SigningFailed,
         Reason::ArtifactNotCached,
         Reason::CacheWriteFailed,
         Reason::Installed,
@@ -190,6 +203,8 @@ impl Reason {
         Reason::NotRoot,
         Reason::ArtifactInvalid,
         Reason::VermagicMismatch,
+        Reason::ModuleSignatureRequired,
+        Reason::ModuleKeyRejected,
         Reason::ModuleLoadFailed,
         Reason::ModuleUnloadFailed,
         Reason::DriverInUse,
@@ -237,11 +252,14 @@ impl Reason {
             | Reason::ProcNotMounted
             | Reason::KernelApiMismatch
             | Reason::BuildFailed
+            | Reason::SigningFailed
             | Reason::ArtifactNotCached
             | Reason::CacheWriteFailed => ReasonClass::Build,
             Reason::NotRoot
             | Reason::ArtifactInvalid
             | Reason::VermagicMismatch
+            | Reason::ModuleSignatureRequired
+            | Reason::ModuleKeyRejected
             | Reason::ModuleLoadFailed
             | Reason::ModuleUnloadFailed
             | Reason::DriverInUse
@@ -294,6 +312,7 @@ impl Reason {
             Reason::ProcNotMounted => "ProcNotMounted",
             Reason::KernelApiMismatch => "KernelApiMismatch",
             Reason::BuildFailed => "BuildFailed",
+            Reason::SigningFailed => "SigningFailed",
             Reason::ArtifactNotCached => "ArtifactNotCached",
             Reason::CacheWriteFailed => "CacheWriteFailed",
             Reason::Installed => "Installed",
@@ -302,6 +321,8 @@ impl Reason {
             Reason::NotRoot => "NotRoot",
             Reason::ArtifactInvalid => "ArtifactInvalid",
             Reason::VermagicMismatch => "VermagicMismatch",
+            Reason::ModuleSignatureRequired => "ModuleSignatureRequired",
+            Reason::ModuleKeyRejected => "ModuleKeyRejected",
             Reason::ModuleLoadFailed => "ModuleLoadFailed",
             Reason::ModuleUnloadFailed => "ModuleUnloadFailed",
             Reason::DriverInUse => "DriverInUse",
@@ -401,8 +422,8 @@ reason_halves! {
         ChecksumMismatch, ChecksumMissing, SignatureInvalid, NotCached, InsecureUrl,
         ArchiveInvalid, UnsafeArchive, KernelHeadersNotFound, KernelHeadersMismatch,
         CompilerMissing, CompilerMismatch, InsufficientDisk, ProcNotMounted, KernelApiMismatch,
-        BuildFailed, ArtifactNotCached, CacheWriteFailed, NotRoot, ArtifactInvalid,
-        VermagicMismatch, ModuleLoadFailed, ModuleUnloadFailed, DriverInUse,
+        BuildFailed, SigningFailed, ArtifactNotCached, CacheWriteFailed, NotRoot, ArtifactInvalid,
+        VermagicMismatch, ModuleSignatureRequired, ModuleKeyRejected, ModuleLoadFailed, ModuleUnloadFailed, DriverInUse,
         DriverRootOccupied, FabricManagerFailed, VerifyFailed, CudaCheckFailed, TimedOut, Internal,
 }
 
