@@ -5,6 +5,7 @@
 # (vm_secure_boot_results).
 /bin/busybox --install -s /bin
 export PATH=/bin
+mkdir -p /proc /sys /dev
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev

@@ -196,9 +196,10 @@ fn check_signatures(run: &Run, staging: &Staging, all: &[Selected]) -> Result<()
     Err(Error::new(
         Failure::ModuleSignatureRequired,
         format!(
-            "this host loads only signed modules ({why}), and {} in {} carry no module signature; nothing was loaded",
+            "this host loads only signed modules ({why}), and {} in {} {} no module signature; nothing was loaded",
             unsigned.join(", "),
-            run.opts.artifact.display()
+            run.opts.artifact.display(),
+            if unsigned.len() == 1 { "carries" } else { "carry" }
         ),
     )
     .with_hint(
