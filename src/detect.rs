@@ -127,14 +127,10 @@ fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
     st.loaded_driver = host::read_optional(&version_path)?
         .as_deref()
         .and_then(host::parse_nvidia_version);
-    let secure_boot = host::read_secure_boot(root)?;
-    st.secure_boot = Some(secure_boot);
-    st.lockdown = host::read_lockdown(root)?;
-    st.module_signatures_required = host::module_signatures_required(
-        Some(secure_boot),
-        st.lockdown,
-        host::read_sig_enforce(root),
-    );
+    let policy = host::SignaturePolicy::read(root)?;
+    st.secure_boot = Some(policy.secure_boot);
+    st.lockdown = policy.lockdown;
+    st.module_signatures_required = policy.required();
     Ok(())
 }
 

@@ -499,14 +499,43 @@ pub fn read_sig_enforce(root: &HostRoot) -> Option<bool> {
     }
 }
 
-/// [`module_signatures_required`] of the host.
-pub fn read_signatures_required(root: &HostRoot) -> Result<Option<bool>> {
-    let sb = read_secure_boot(root)?;
-    Ok(module_signatures_required(
-        Some(sb),
-        read_lockdown(root)?,
-        read_sig_enforce(root),
-    ))
+/// What decides whether the host loads only signed modules, read once for
+/// detect's report and install's check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignaturePolicy {
+    pub secure_boot: SecureBoot,
+    pub lockdown: Option<Lockdown>,
+    pub sig_enforce: Option<bool>,
+}
+
+impl SignaturePolicy {
+    pub fn read(root: &HostRoot) -> Result<SignaturePolicy> {
+        Ok(SignaturePolicy {
+            secure_boot: read_secure_boot(root)?,
+            lockdown: read_lockdown(root)?,
+            sig_enforce: read_sig_enforce(root),
+        })
+    }
+
+    /// [`module_signatures_required`] of these readings.
+    pub fn required(&self) -> Option<bool> {
+        module_signatures_required(Some(self.secure_boot), self.lockdown, self.sig_enforce)
+    }
+
+    /// What makes signatures mandatory, for messages.
+    pub fn why(&self) -> String {
+        let mut why = Vec::new();
+        if self.secure_boot == SecureBoot::Enabled {
+            why.push("Secure Boot is on".to_string());
+        }
+        if let Some(l @ (Lockdown::Integrity | Lockdown::Confidentiality)) = self.lockdown {
+            why.push(format!("lockdown is {l:?}").to_lowercase());
+        }
+        if self.sig_enforce == Some(true) {
+            why.push("module.sig_enforce=Y".to_string());
+        }
+        why.join(", ")
+    }
 }
 
 #[cfg(test)]

@@ -176,10 +176,8 @@ fn check_vermagic(
 /// signature, before anything is placed or loaded: the kernel would refuse
 /// an unsigned one with the same `EKEYREJECTED` as a wrong key.
 fn check_signatures(run: &Run, staging: &Staging, all: &[Selected]) -> Result<()> {
-    let sb = host::read_secure_boot(run.root)?;
-    let lockdown = host::read_lockdown(run.root)?;
-    let enforce = host::read_sig_enforce(run.root);
-    if host::module_signatures_required(Some(sb), lockdown, enforce) != Some(true) {
+    let policy = host::SignaturePolicy::read(run.root)?;
+    if policy.required() != Some(true) {
         return Ok(());
     }
     let mut unsigned = Vec::new();
@@ -192,7 +190,7 @@ fn check_signatures(run: &Run, staging: &Staging, all: &[Selected]) -> Result<()
     if unsigned.is_empty() {
         return Ok(());
     }
-    let why = signature_policy_text(sb, lockdown, enforce);
+    let why = policy.why();
     Err(Error::new(
         Failure::ModuleSignatureRequired,
         format!(
@@ -205,25 +203,6 @@ fn check_signatures(run: &Run, staging: &Staging, all: &[Selected]) -> Result<()
     .with_hint(
         "build with --signing-key and --signing-cert (the operator: spec.build.signingSecretName) and enroll the certificate on the host (mokutil --import); see docs/secure-boot.md",
     ))
-}
-
-/// What makes signatures mandatory, for messages.
-fn signature_policy_text(
-    sb: host::SecureBoot,
-    lockdown: Option<host::Lockdown>,
-    enforce: Option<bool>,
-) -> String {
-    let mut why = Vec::new();
-    if sb == host::SecureBoot::Enabled {
-        why.push("Secure Boot is on".to_string());
-    }
-    if let Some(l @ (host::Lockdown::Integrity | host::Lockdown::Confidentiality)) = lockdown {
-        why.push(format!("lockdown is {l:?}").to_lowercase());
-    }
-    if enforce == Some(true) {
-        why.push("module.sig_enforce=Y".to_string());
-    }
-    why.join(", ")
 }
 
 /// The modules to load (`--drm`, `--peermem`) and their order.

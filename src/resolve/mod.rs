@@ -270,8 +270,9 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
         None => crate::host::running_arch()?,
     };
     st.arch = Some(arch);
-    st.warnings.extend(secure_boot_warning(report));
-    st.signed_modules = secure_boot_warning(report).is_some();
+    let signing_warning = secure_boot_warning(report);
+    st.signed_modules = signing_warning.is_some();
+    st.warnings.extend(signing_warning);
 
     // 1. Driver version.
     let (version, source) = choose_version(st, opts, &os.id, os.version.as_deref(), kernel, arch)?;
