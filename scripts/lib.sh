@@ -16,9 +16,34 @@ stage() {
 
 stage_end() {
   if [ -n "${_stage_name}" ]; then
-    echo "<== ${_stage_name}: $(( $(date +%s) - _stage_start ))s" >&2
+    echo "<== ${_stage_name}: $(( $(date +%s) - _stage_start ))s ($(free_mib .) MiB free)" >&2
     _stage_name=""
   fi
+}
+
+# free_mib DIR — the space left on DIR's filesystem, in MiB (a CI run that
+# fills the disk says at which stage).
+free_mib() {
+  df -Pm "$1" 2>/dev/null | awk 'NR == 2 { print $4 }'
+}
+
+# prune_other_keys DIR KEEP — a keyed cache (DIR/<key>, one entry per set of
+# inputs) never uses an entry again once its inputs changed, so on a machine
+# whose ~/.cache outlives many commits old entries would fill the disk.
+# Marks KEEP as used now and deletes DIR's other entries (and leftover
+# *.tmp) not used for GPU_DRIVER_CACHE_GRACE_MIN minutes (default 60: a
+# second checkout running beside this one keeps its entry). Call it under
+# the cache's lock.
+prune_other_keys() {
+  local dir=$1 keep=$2 grace=${GPU_DRIVER_CACHE_GRACE_MIN:-60} e
+  case "${grace}" in '' | *[!0-9]*) grace=60 ;; esac
+  [ ! -d "${keep}" ] || touch "${keep}"
+  for e in "${dir}"/* "${dir}"/.*.tmp; do
+    [ -d "${e}" ] && [ ! -L "${e}" ] && [ "${e}" != "${keep}" ] || continue
+    [ -n "$(find "${e}" -maxdepth 0 -mmin "+${grace}")" ] || continue
+    rm -rf --one-file-system "${e}"
+    echo "deleted ${e} (another key's, unused for ${grace}+ min)" >&2
+  done
 }
 
 # ensure_tools CMD:PACKAGE ... — installs the Debian packages whose commands

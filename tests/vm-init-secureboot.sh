@@ -16,21 +16,8 @@ echo 1 >/proc/sys/kernel/printk
 # Debian, so it loads under lockdown too.
 insmod /efivarfs.ko && mount -t efivarfs efivarfs /sys/firmware/efi/efivars
 
-step() {
-  name=$1
-  shift
-  gpu-driver-installer --log-level info --output /tmp/$name.json "$@" 2>/tmp/$name.err
-  rc=$?
-  echo "@@BEGIN $name rc=$rc@@"
-  cat /tmp/$name.json
-  echo "@@END $name@@"
-  echo "@@BEGIN $name.stderr@@"
-  cat /tmp/$name.err
-  echo "@@END $name.stderr@@"
-  echo "@@BEGIN $name.modules@@"
-  cat /proc/modules
-  echo "@@END $name.modules@@"
-}
+# step NAME ARGS...: see /vm-step.sh.
+. /vm-step.sh
 
 echo "@@VM kernel=$(cat /proc/sys/kernel/osrelease)@@"
 echo "@@VM lockdown=$(cat /sys/kernel/security/lockdown)@@"

@@ -24,23 +24,8 @@ for arg in $(cat /proc/cmdline); do
   esac
 done
 
-# step NAME ARGS...: runs the installer, prints exit code, result, stderr
-# and /proc/modules afterwards.
-step() {
-  name=$1
-  shift
-  gpu-driver-installer --log-level info --output /tmp/$name.json "$@" 2>/tmp/$name.err
-  rc=$?
-  echo "@@BEGIN $name rc=$rc@@"
-  cat /tmp/$name.json
-  echo "@@END $name@@"
-  echo "@@BEGIN $name.stderr@@"
-  cat /tmp/$name.err
-  echo "@@END $name.stderr@@"
-  echo "@@BEGIN $name.modules@@"
-  cat /proc/modules
-  echo "@@END $name.modules@@"
-}
+# step NAME ARGS...: see /vm-step.sh.
+. /vm-step.sh
 
 # The two ways onto a host (docs/install.md). By hand, through PID 1's
 # namespaces; then as from a privileged hostPID pod: another mount

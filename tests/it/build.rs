@@ -372,7 +372,24 @@ impl Job {
     }
 
     fn remove(self) {
-        let _ = fs::remove_dir_all(self.root.join(&self.rel));
+        drop(self);
+    }
+}
+
+/// A build tree is a gigabyte or more: one left behind by a failed test in a
+/// root that CI keeps between runs would add up until the disk is full. So
+/// a job's directory goes even when its test panics, unless
+/// GPU_DRIVER_KEEP_FAILED_JOBS=1 asks to keep it for a look.
+impl Drop for Job {
+    fn drop(&mut self) {
+        let dir = self.root.join(&self.rel);
+        if std::thread::panicking()
+            && std::env::var_os("GPU_DRIVER_KEEP_FAILED_JOBS").is_some_and(|v| v == "1")
+        {
+            eprintln!("kept {} (GPU_DRIVER_KEEP_FAILED_JOBS=1)", dir.display());
+            return;
+        }
+        let _ = fs::remove_dir_all(dir);
     }
 }
 
