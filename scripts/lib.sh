@@ -33,7 +33,7 @@ free_mib() {
 # Marks KEEP as used now and deletes DIR's other entries (and leftover
 # *.tmp) not used for GPU_DRIVER_CACHE_GRACE_MIN minutes (default 60: a
 # second checkout running beside this one keeps its entry). Call it under
-# the cache's lock.
+# the cache's lock. KEEP may be empty: then only stale entries go.
 prune_other_keys() {
   local dir=$1 keep=$2 grace=${GPU_DRIVER_CACHE_GRACE_MIN:-60} e
   case "${grace}" in '' | *[!0-9]*) grace=60 ;; esac
@@ -42,7 +42,7 @@ prune_other_keys() {
     [ -d "${e}" ] && [ ! -L "${e}" ] && [ "${e}" != "${keep}" ] || continue
     [ -n "$(find "${e}" -maxdepth 0 -mmin "+${grace}")" ] || continue
     rm -rf --one-file-system "${e}"
-    echo "deleted ${e} (another key's, unused for ${grace}+ min)" >&2
+    echo "deleted ${e} (not this run's key, unused for ${grace}+ min)" >&2
   done
 }
 

@@ -505,15 +505,73 @@ async fn the_roll_counts_its_own_gpu_nodes_and_those_in_progress() {
     assert_eq!(stopped.as_deref(), Some("failed"));
 }
 
+/// The caches keep what the reconciles read and drop the rest: the node's
+/// facts and taints, a Job's state from the Job and its pod, unchanged.
 #[test]
-fn the_caches_keep_no_managed_fields() {
-    let mut node: Node = serde_json::from_value(json!({"metadata": {"name": "gpu-1",
-        "managedFields": [{"manager": "kwok", "operation": "Update",
-            "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]}}))
+fn the_caches_keep_what_the_reconciles_read() {
+    let managed = json!([{"manager": "kwok", "operation": "Update",
+        "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]);
+    let mut node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-1", "managedFields": managed,
+            "labels": {"a": "b"}, "annotations": {"c": "d"}},
+        "spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}], "unschedulable": true},
+        "status": {
+            "nodeInfo": {"kernelVersion": "6.12.44-cloud-amd64", "osImage": "Garden Linux 1877.3",
+                "bootID": "b-1", "architecture": "amd64", "machineID": "", "systemUUID": "",
+                "containerRuntimeVersion": "", "kubeletVersion": "", "kubeProxyVersion": "",
+                "operatingSystem": "linux"},
+            "images": [{"names": ["registry.example/cuda:12"], "sizeBytes": 1}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "capacity": {"cpu": "8"}}}))
     .unwrap();
-    super::drop_managed_fields(&mut node);
+    let before = super::facts(&node);
+    super::slim::node(&mut node);
+    assert_eq!(super::facts(&node), before);
+    assert_eq!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
+    let st = node.status.as_ref().unwrap();
+    assert!(st.images.is_none() && st.conditions.is_none() && st.capacity.is_none());
     assert!(node.metadata.managed_fields.unwrap_or_default().is_empty());
-    assert_eq!(node.metadata.name.as_deref(), Some("gpu-1"));
+
+    let gd = gpu_driver(json!({}));
+    let kind = crate::job::TemplateKind::Install;
+    let mut job =
+        crate::job::example(&gd, "gpu-1", "Garden Linux 1877.3", "6.12.44", "ns", kind).unwrap();
+    job.metadata.managed_fields = serde_json::from_value(managed.clone()).unwrap();
+    job.status = serde_json::from_value(json!({"succeeded": 1,
+        "conditions": [{"type": "Complete", "status": "True"}]}))
+    .unwrap();
+    let result =
+        serde_json::to_string(&crate::outcome::run_result(Reason::Verified, true)).unwrap();
+    let mut pod = Pod {
+        metadata: job
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .clone()
+            .unwrap_or_default(),
+        spec: job.spec.as_ref().unwrap().template.spec.clone(),
+        status: serde_json::from_value(json!({"phase": "Succeeded", "containerStatuses": [{
+            "name": crate::outcome::MAIN_CONTAINER, "image": "", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": 0, "message": result}}}]}))
+        .unwrap(),
+    };
+    let before = crate::outcome::job_state(&job, &[&pod], 0);
+    assert!(matches!(
+        before,
+        crate::outcome::JobState::Succeeded(Some(_))
+    ));
+    let labels = (job.metadata.labels.clone(), pod.metadata.labels.clone());
+    super::slim::job(&mut job);
+    super::slim::pod(&mut pod);
+    assert_eq!(crate::outcome::job_state(&job, &[&pod], 0), before);
+    assert_eq!(
+        (job.metadata.labels.clone(), pod.metadata.labels.clone()),
+        labels
+    );
+    assert!(job.spec.is_none() && pod.spec.is_none());
+    assert!(job.metadata.managed_fields.unwrap_or_default().is_empty());
 }
 
 #[test]

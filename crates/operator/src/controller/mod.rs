@@ -14,6 +14,7 @@ mod expect;
 mod finish;
 mod patch;
 mod reconcile;
+mod slim;
 mod status_loop;
 mod targets;
 mod upgrade;
@@ -402,6 +403,7 @@ fn node_relevant(node: &Node) -> Option<u64> {
 fn store_and_stream<K>(
     api: Api<K>,
     cfg: watcher::Config,
+    slim: fn(&mut K),
 ) -> (
     Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -413,7 +415,7 @@ where
     let (reader, writer) = reflector::store();
     let stream = watcher(api, cfg)
         .default_backoff()
-        .modify(drop_managed_fields)
+        .modify(slim)
         .reflect(writer)
         .touched_objects();
     (reader, stream)
@@ -434,7 +436,7 @@ fn driver_store_and_changes(
     let mut seen = DriverSeen::new();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(drop_managed_fields)
+        .modify(slim::metadata)
         .reflect(writer)
         .filter_map(move |ev| futures::future::ready(driver_change(&mut seen, ev)));
     (reader, stream)
@@ -468,13 +470,6 @@ fn driver_change(
     }
 }
 
-/// What the caches keep of an object: all but `metadata.managedFields`,
-/// which nothing here reads and which is about 40 % of a simulated Node's,
-/// install Job's or pod's JSON (more once parsed into `serde_json` values).
-fn drop_managed_fields<K: Resource>(obj: &mut K) {
-    obj.managed_fields_mut().clear();
-}
-
 /// Runs the controller until `shutdown` resolves. Returns the metrics so a
 /// caller (test, bench) can read them.
 pub async fn run(
@@ -488,16 +483,18 @@ pub async fn run(
     let (jobs, job_stream) = store_and_stream(
         Api::<Job>::namespaced(client.clone(), &ns),
         watcher::Config::default().labels(&selector),
+        slim::job,
     );
     let (pods, pod_stream) = store_and_stream(
         Api::<Pod>::namespaced(client.clone(), &ns),
         watcher::Config::default().labels(&selector),
+        slim::pod,
     );
     let (drivers, driver_stream) = driver_store_and_changes(Api::<GpuDriver>::all(client.clone()));
     let (nodes_reader, nodes_writer) = reflector::store();
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
-        .modify(drop_managed_fields)
+        .modify(slim::node)
         .reflect(nodes_writer)
         .applied_objects()
         .predicate_filter(node_relevant, Default::default());
