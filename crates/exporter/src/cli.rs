@@ -44,11 +44,8 @@ pub struct Cli {
 pub enum Error {
     #[error("starting the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
-    #[error("cannot listen on {addr}: {source}; pass a free address with --listen")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error("cannot listen on {0}; pass a free address with --listen")]
+    Bind(#[source] gpu_driver_serve::BindError),
 }
 
 /// The node's name for the `Hostname` label, as the DCGM exporter finds
@@ -77,61 +74,43 @@ fn config(cli: &Cli) -> Config {
     }
 }
 
-/// Binds, then serves until a signal.
-pub fn serve(cli: &Cli) -> Result<(), Error> {
+/// The binary's whole body: exit 0 after a signal, 1 when it cannot
+/// start, 2 on bad arguments.
+pub fn run() -> ExitCode {
+    gpu_driver_serve::cli::run_command_line(
+        |_: &Cli, ansi| gpu_driver_contract::logging::init_tracing("info", ansi),
+        |cli: Cli| execute(&cli),
+    )
+}
+
+fn execute(cli: &Cli) -> Result<(), Error> {
     // One thread serves everything; NVML's blocking calls get one more.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(2)
         .build()
         .map_err(Error::Runtime)?;
-    rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(cli.listen)
-            .await
-            .map_err(|source| Error::Bind {
-                addr: cli.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().unwrap_or(cli.listen);
-        let cfg = config(cli);
-        tracing::info!(
-            host_root = %cfg.host_root.path().display(),
-            kubelet_socket = %cfg.kubelet_socket.display(),
-            "listening on {addr}"
-        );
-        let scraper = Arc::new(Scraper::new(cfg));
-        // Load NVML now, so that its state is logged before the first
-        // scrape; in the background: /healthz answers from the start, even
-        // while an NVML init hangs.
-        let first = scraper.clone();
-        tokio::spawn(async move { drop(first.snapshot().await) });
-        tokio::select! {
-            () = server::serve(listener, scraper) => {}
-            () = gpu_driver_serve::shutdown_signal() => tracing::info!("stopping"),
-        }
-        Ok(())
-    })
+    rt.block_on(export(cli))
 }
 
-/// The binary's whole body: exit 0 after a signal, 1 when it cannot
-/// start, 2 on bad arguments.
-pub fn run() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
-        }
-    };
-    gpu_driver_contract::logging::init_tracing(
-        "info",
-        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+/// Serves `/metrics` and `/healthz` until a signal.
+async fn export(cli: &Cli) -> Result<(), Error> {
+    let cfg = config(cli);
+    let (host_root, kubelet_socket) = (cfg.host_root.clone(), cfg.kubelet_socket.clone());
+    let scraper = Arc::new(Scraper::new(cfg));
+    let addr = gpu_driver_serve::start_server(cli.listen, server::router(scraper.clone()))
+        .await
+        .map_err(Error::Bind)?;
+    tracing::info!(
+        host_root = %host_root.path().display(),
+        kubelet_socket = %kubelet_socket.display(),
+        "listening on {addr}"
     );
-    match serve(&cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    // Load NVML now, so that its state is logged before the first scrape;
+    // in the background: /healthz answers from the start, even while an
+    // NVML init hangs.
+    tokio::spawn(async move { drop(scraper.snapshot().await) });
+    gpu_driver_serve::shutdown_signal().await;
+    tracing::info!("stopping");
+    Ok(())
 }

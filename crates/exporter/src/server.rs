@@ -5,24 +5,15 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{Method, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{Method, StatusCode};
+use axum::response::Response;
 use axum::routing::get;
-use tokio::net::TcpListener;
+use gpu_driver_serve::{openmetrics, plain_text as text};
 
 use crate::scrape::Scraper;
 
-/// OpenMetrics text, what prometheus-client writes (src/metrics.rs).
-pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-fn text(status: StatusCode, body: &'static str) -> Response {
-    let ct = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
-    (status, ct, body).into_response()
-}
-
 async fn metrics(State(scraper): State<Arc<Scraper>>) -> Response {
-    let ct = [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)];
-    (ct, scraper.scrape().await).into_response()
+    openmetrics(scraper.scrape().await)
 }
 
 fn bad_method() -> Response {
@@ -32,9 +23,10 @@ fn bad_method() -> Response {
     )
 }
 
-/// GET and HEAD (axum answers HEAD without the body) of the two paths; 404
-/// for other paths, 405 for other methods.
-fn router(scraper: Arc<Scraper>) -> Router {
+/// The routes `gpu_driver_serve` serves: GET and HEAD (axum answers HEAD
+/// without the body) of the two paths; 404 for other paths, 405 for other
+/// methods.
+pub fn router(scraper: Arc<Scraper>) -> Router {
     Router::new()
         .route("/metrics", get(metrics).fallback(|| async { bad_method() }))
         .route(
@@ -52,18 +44,13 @@ fn router(scraper: Arc<Scraper>) -> Router {
         .with_state(scraper)
 }
 
-/// Accepts connections until the process ends (see `gpu_driver_serve` for
-/// the limits each connection is held to).
-pub async fn serve(listener: TcpListener, scraper: Arc<Scraper>) {
-    gpu_driver_serve::serve(listener, router(scraper)).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::scrape::Config;
     use gpu_driver_contract::host::{HostRoot, HostRootSource};
-    use gpu_driver_serve::ask;
+    use gpu_driver_serve::{METRICS_CONTENT_TYPE, ask};
+    use tokio::net::TcpListener;
 
     #[tokio::test]
     async fn routes() {
@@ -76,7 +63,7 @@ mod tests {
         }));
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let task = tokio::spawn(serve(l, scraper));
+        let task = tokio::spawn(gpu_driver_serve::serve(l, router(scraper)));
         let r = ask(addr, "GET /metrics?x=1 HTTP/1.0\r\n\r\n").await;
         assert!(r.starts_with("HTTP/1.0 200 OK\r\n"), "{r}");
         assert!(r.contains(&format!("content-type: {METRICS_CONTENT_TYPE}\r\n")));

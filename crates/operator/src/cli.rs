@@ -39,11 +39,8 @@ pub enum Error {
     Runtime(#[source] std::io::Error),
     #[error("connecting to the API server: {0}")]
     Connect(#[source] kube::Error),
-    #[error("binding {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error("binding {0}")]
+    Bind(#[source] gpu_driver_serve::BindError),
     /// Another instance may already be acting.
     #[error("lost the leader lease")]
     LostLease,
@@ -114,25 +111,13 @@ pub struct RunArgs {
     pub status_interval_ms: u64,
 }
 
-pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
-        }
-    };
-    gpu_driver_contract::logging::init_tracing(
-        &cli.log_level,
-        std::io::IsTerminal::is_terminal(&std::io::stderr()),
-    );
-    match execute(cli.command) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+/// The binary's whole body: exit 0 after a signal (or a printed
+/// document), 1 on failure, 2 on bad arguments.
+pub fn run() -> ExitCode {
+    gpu_driver_serve::cli::run_command_line(
+        |cli: &Cli, ansi| gpu_driver_contract::logging::init_tracing(&cli.log_level, ansi),
+        |cli: Cli| execute(cli.command),
+    )
 }
 
 fn execute(command: Command) -> Result<(), Error> {
@@ -142,7 +127,7 @@ fn execute(command: Command) -> Result<(), Error> {
             print!("{yaml}");
             Ok(())
         }
-        Command::Run(args) => runtime()?.block_on(run(args)),
+        Command::Run(args) => runtime()?.block_on(operate(args)),
         Command::JobTemplate {
             gpudriver,
             kind,
@@ -206,17 +191,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
         .map_err(Error::Runtime)
 }
 
-async fn run(args: RunArgs) -> Result<(), Error> {
+/// `run`: the metrics server, then the controller (behind the leader
+/// Lease unless `--no-leader-elect`) until a signal or a lost lease.
+async fn operate(args: RunArgs) -> Result<(), Error> {
     let client = crate::connect().await.map_err(Error::Connect)?;
     let metrics = Arc::new(Metrics::default());
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+    gpu_driver_serve::start_server(args.metrics_addr, metrics::router(metrics.clone()))
         .await
-        .map_err(|source| Error::Bind {
-            addr: args.metrics_addr,
-            source,
-        })?;
+        .map_err(Error::Bind)?;
     tracing::info!("metrics on http://{}/metrics", args.metrics_addr);
-    tokio::spawn(metrics::serve(listener, metrics.clone()));
 
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    gpu_driver_operator::cli::main()
+    gpu_driver_operator::cli::run()
 }

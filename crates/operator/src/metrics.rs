@@ -7,9 +7,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::StatusCode;
 use axum::routing::any;
+use gpu_driver_serve::{openmetrics, plain_text};
 use prometheus_client::encoding::{
     EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder,
 };
@@ -19,13 +19,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 /// Upper bounds of the install duration histogram, in seconds.
 const BUCKETS: &[f64] = &[5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
-
-/// OpenMetrics, what prometheus-client writes.
-const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Counters as the controller names them (with `_total`; prometheus-client
 /// appends it to the registered name), their HELP.
@@ -246,37 +242,25 @@ impl Metrics {
     }
 }
 
-fn text(status: StatusCode, body: &'static str) -> axum::response::Response {
-    let ct = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
-    (status, ct, body).into_response()
-}
-
-/// The routes: `/metrics`, `/healthz` and `/readyz` (any method, as before).
-fn router(metrics: Arc<Metrics>) -> Router {
-    let ok = || async { text(StatusCode::OK, "ok\n") };
+/// The routes `gpu_driver_serve` serves: `/metrics`, `/healthz` and
+/// `/readyz` (any method, as before).
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    let ok = || async { plain_text(StatusCode::OK, "ok\n") };
     Router::new()
         .route(
             "/metrics",
-            any(move || async move {
-                let ct = [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)];
-                (ct, metrics.render())
-            }),
+            any(move || async move { openmetrics(metrics.render()) }),
         )
         .route("/healthz", any(ok))
         .route("/readyz", any(ok))
-        .fallback(|| async { text(StatusCode::NOT_FOUND, "not found\n") })
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` until the task is dropped,
-/// with the limits of `gpu_driver_serve`.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    gpu_driver_serve::serve(listener, router(metrics)).await
+        .fallback(|| async { plain_text(StatusCode::NOT_FOUND, "not found\n") })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_driver_serve::ask;
+    use gpu_driver_serve::{METRICS_CONTENT_TYPE, ask};
+    use tokio::net::TcpListener;
 
     #[test]
     fn renders_the_text_format() {
@@ -344,7 +328,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let m = Arc::new(Metrics::default());
         m.inc("gpu_driver_jobs_created_total", &[("role", "install")]);
-        let task = tokio::spawn(serve(l, m));
+        let task = tokio::spawn(gpu_driver_serve::serve(l, router(m)));
         let resp = ask(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
         assert!(resp.contains(&format!("content-type: {METRICS_CONTENT_TYPE}")));

@@ -7,12 +7,22 @@
 //! [`MAX_CONNECTIONS`] are open at once: a new one closes the oldest, so
 //! idle clients can neither exhaust the file descriptors nor keep a probe
 //! of `/healthz` out.
+//!
+//! The rest of what both binaries share lives here too: [`start_server`]
+//! (bind, then serve on a task of its own), the responses both routers give
+//! ([`plain_text`], [`openmetrics`]), [`shutdown_signal`], and
+//! [`cli::run_command_line`] (arguments, logging, exit code).
+
+pub mod cli;
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -24,6 +34,41 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections at most, well under a process's usual 1024 file
 /// descriptors; Prometheus and the probes need a handful.
 pub const MAX_CONNECTIONS: usize = 256;
+
+/// OpenMetrics text, what prometheus-client writes.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The address a server could not listen on, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{addr}: {source}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Binds `addr` and serves `app` there on a task of its own (until the
+/// runtime ends), so that the caller goes on with its own work; the bound
+/// address, whose port is the system's choice where `addr`'s is 0.
+pub async fn start_server(addr: SocketAddr, app: Router) -> Result<SocketAddr, BindError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| BindError { addr, source })?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    tokio::spawn(serve(listener, app));
+    Ok(bound)
+}
+
+/// A short plain-text answer: `/healthz`'s "ok", a 404's or a 405's reason.
+pub fn plain_text(status: StatusCode, body: &'static str) -> Response {
+    let ct = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    (status, ct, body).into_response()
+}
+
+/// A `/metrics` answer: `body` as OpenMetrics text.
+pub fn openmetrics(body: String) -> Response {
+    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], body).into_response()
+}
 
 /// The open connections, oldest first: their ids and how to close them.
 type Open = Arc<Mutex<VecDeque<(u64, tokio::task::AbortHandle)>>>;

@@ -9,10 +9,12 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{
-    CATALOG_DIR, CATALOG_KEY, INSTALLER_DIR, INSTALLER_IN_IMAGE, INSTALLER_PATH, JobRequest,
-    SERVICE_ACCOUNT, SIGNING_CERT, SIGNING_DIR, SIGNING_KEY, installer_args,
+use super::args::installer_args;
+use super::layout::{
+    CATALOG_DIR, CATALOG_KEY, INSTALLER_DIR, INSTALLER_IN_IMAGE, INSTALLER_PATH, SERVICE_ACCOUNT,
+    SIGNING_CERT, SIGNING_DIR, SIGNING_KEY,
 };
+use super::request::JobRequest;
 use crate::crd::GpuDriver;
 use crate::decide::JobRole;
 use crate::outcome::MAIN_CONTAINER;
