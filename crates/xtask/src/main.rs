@@ -1,0 +1,130 @@
+//! `cargo xtask`: the project's tooling as code. `scripts/test`,
+//! `scripts/e2e` and `.ci/run` are thin entry points into it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+mod apt;
+mod cache;
+mod cmd;
+mod go;
+mod jail;
+mod pipeline;
+mod stages;
+mod static_build;
+mod tools;
+mod toolsfile;
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "The project's test, CI and build tooling"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The test pipeline: lints, tools, unit and integration tests, real
+    /// compiles, VM tests and the real node (scripts/test).
+    Test,
+    /// CI: every package and the toolchain, the cache's disk use, then the
+    /// test pipeline (.ci/run).
+    Ci,
+    /// Builds (or finds in the cache) one of the tools the tests run and
+    /// prints its path.
+    Tool {
+        #[arg(value_enum)]
+        name: ToolName,
+    },
+    /// The statically linked release binary; prints its path.
+    StaticBuild {
+        #[arg(long, default_value = "gpu-driver-installer")]
+        bin: String,
+        #[arg(value_enum, default_value = "x86-64")]
+        arch: static_build::Arch,
+    },
+    /// Prints the cache root.
+    CacheRoot,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ToolName {
+    /// etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kwok (a directory)
+    K8s,
+    Helm,
+    OmParser,
+    /// NVIDIA's device plugin and the kubelet double (a directory)
+    DevicePlugin,
+    S3Server,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn main() -> ExitCode {
+    match dispatch(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    let repo = std::fs::canonicalize(repo())?;
+    match cli.command {
+        Command::Test | Command::Ci => {
+            let mut r = pipeline::Run::new(&repo)?;
+            let res = if matches!(cli.command, Command::Ci) {
+                r.ci()
+            } else {
+                r.test()
+            };
+            eprint!("{}", r.table());
+            res?;
+            eprintln!("all stages passed");
+            Ok(())
+        }
+        Command::Tool { name } => {
+            let cache = cache::Cache::resolve()?;
+            let p = match name {
+                ToolName::K8s => tools::k8s(&repo, &cache)?,
+                ToolName::Helm => tools::helm(&cache)?,
+                ToolName::OmParser => tools::om_parser(&repo, &cache)?,
+                ToolName::DevicePlugin => tools::device_plugin(&repo, &cache)?,
+                ToolName::S3Server => tools::s3_server(&cache)?,
+            };
+            println!("{}", p.display());
+            Ok(())
+        }
+        Command::StaticBuild { bin, arch } => {
+            // x86_64 builds the installer and the operator in one call, as
+            // every other caller does, so their shared dependencies compile
+            // once for both.
+            let bins: Vec<&str> = match arch {
+                static_build::Arch::X86_64 => vec!["gpu-driver-installer", "gpu-driver-operator"],
+                static_build::Arch::Aarch64 => vec![bin.as_str()],
+            };
+            let paths = static_build::build(&repo, &bins, arch)?;
+            let i = bins.iter().position(|b| *b == bin).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown binary {bin} (gpu-driver-installer or gpu-driver-operator)"
+                )
+            })?;
+            println!("{}", paths[i].display());
+            Ok(())
+        }
+        Command::CacheRoot => {
+            println!("{}", cache::Cache::resolve()?.root().display());
+            Ok(())
+        }
+    }
+}
