@@ -10,9 +10,10 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
+use super::context::{Context, Error};
 use super::expect::Kind;
+use super::lookup::{facts, job_is_terminal};
 use super::patch::{Change, NodeAnnotations, NodePatch, failure_patch, ready_patch};
-use super::{Context, Error, facts, job_is_terminal};
 use crate::crd::GpuDriver;
 use crate::decide::{self, JobRole, NodeState, UpgradeState};
 use crate::job::{self, JobRequest};

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde::{Serialize, Serializer};
 
-use super::facts;
+use super::lookup::facts;
 use crate::crd::{GpuDriver, GpuDriverStatus};
 use crate::decide::{self, Marks, NodeFacts, NodeState, UpgradeState};
 use crate::outcome::PodResult;

@@ -9,12 +9,13 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
+use super::context::{Context, Error};
 use super::expect::Kind;
 use super::finish::drive_job;
+use super::lookup::{driver_for, facts};
 use super::patch::{Change, NodeAnnotations, NodePatch, add_marks, end_upgrade, redacted};
 use super::targets::ensure_target;
 use super::upgrade::upgrade;
-use super::{Context, Error, driver_for, facts};
 use crate::crd::GpuDriver;
 use crate::decide::{
     self, Gate, JobRole, Marks, NodeFacts, NodeState, Plan, Target, TargetPhase, UpgradeState,

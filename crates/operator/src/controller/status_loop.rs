@@ -9,9 +9,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
+use super::context::Context;
+use super::lookup::job_is_terminal;
 use super::patch::status_patch;
 use super::targets::target_records;
-use super::{Context, job_is_terminal};
 use crate::crd::GpuDriver;
 use crate::status;
 

@@ -10,9 +10,9 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
+use super::context::{Context, Error};
 use super::expect::Kind;
 use super::finish::{create_job, failure_of};
-use super::{Context, Error};
 use crate::crd::{BuildPhase, GpuDriver, TargetStatus};
 use crate::decide::{self, JobRole, NodeFacts, Target, TargetPhase};
 use crate::job::{self, JobRequest};

@@ -14,9 +14,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
+use super::context::{Context, Error};
 use super::expect::{Kind, Slot};
+use super::lookup::{driver_for_labels, facts};
 use super::patch::{Change, NodeAnnotations, NodePatch, NodeSpecPatch, failure_patch};
-use super::{Context, Error, driver_for_labels, facts};
 use crate::crd::GpuDriver;
 use crate::decide::{self, DrainStep, NodeFacts, UpgradeState};
 use crate::keys;

@@ -1,6 +1,6 @@
 //! The ready label and the startup taint: what a GPU node's should be.
 
-use super::NodeFacts;
+use super::node::NodeFacts;
 use crate::crd::GpuDriverSpec;
 use crate::keys;
 

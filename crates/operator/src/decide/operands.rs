@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::NodeFacts;
+use super::node::NodeFacts;
 use crate::keys;
 
 /// The value NVIDIA's driver manager (k8s-driver-manager) writes to a

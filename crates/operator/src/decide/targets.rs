@@ -1,7 +1,8 @@
 //! Build targets: what a build Job compiles for, its key and Job name,
 //! and whether a node's install may start (the install gate).
 
-use super::{JobRole, NodeFacts, OsImage, is_dotted_version, job_name, short_hash};
+use super::naming::{JobRole, job_name, short_hash};
+use super::node::{NodeFacts, OsImage, is_dotted_version};
 use crate::crd::{BuildPhase, GpuDriverSpec, TargetStatus};
 
 /// What a build Job compiles for: the OS (it picks the builder image and

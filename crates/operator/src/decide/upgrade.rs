@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{NodeFacts, verified_driver_loaded};
+use super::marks::verified_driver_loaded;
+use super::node::NodeFacts;
 pub use crate::crd::UpgradeState;
 use crate::keys;
 
