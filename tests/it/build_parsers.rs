@@ -17,14 +17,13 @@ use gpu_driver_installer::headers::{
     self, find_common_dir, parse_kconfig_arch, parse_kconfig_string, parse_makefile_include,
     parse_uts_release,
 };
-use gpu_driver_installer::host::{CpuArch, HostRoot, HostRootSource};
+use gpu_driver_installer::host_root::{HostRoot, HostRootSource};
 use gpu_driver_installer::modinfo::{parse_modinfo, read_modinfo};
+use gpu_driver_installer::node::CpuArch;
 use gpu_driver_installer::text::rfc3339_utc;
 
 fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(rel)
+    crate::support::repo_root().join("tests/fixtures").join(rel)
 }
 
 fn text(rel: &str) -> String {
@@ -356,7 +355,7 @@ fn the_target_architecture_is_the_headers_and_the_flag_must_agree() {
     );
     assert_eq!(
         target_arch(None, &h).unwrap(),
-        gpu_driver_installer::host::running_arch().unwrap()
+        gpu_driver_installer::node::running_arch().unwrap()
     );
 }
 

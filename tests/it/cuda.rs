@@ -25,7 +25,7 @@ const SMI_OK: &str =
     "echo 'Tesla T4, GPU-00000000-0000-0000-0000-000000000001, 535.261.03, 15360 MiB'";
 
 fn run(host: &Path, extra: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"))
+    let out = Command::new(crate::support::bin::installer())
         .args(["--termination-log", "/nonexistent/termination-log"])
         .args(["--host-root", host.to_str().unwrap(), "verify"])
         .args(["--driver-version", "535.261.03"])
@@ -78,17 +78,13 @@ fn stub(dir: &Path, defines: &[&str]) -> PathBuf {
 }
 
 fn test_data() -> PathBuf {
-    let dir = std::env::var_os("GPU_DRIVER_TEST_DATA").unwrap_or_else(|| {
-        panic!(
-            "GPU_DRIVER_TEST_DATA is not set: run `scripts/test`, or \
-             `export GPU_DRIVER_TEST_DATA=$(scripts/fetch-test-data)` before `cargo test`"
-        )
-    });
-    let lib = PathBuf::from(dir).join("libcuda/libcuda.so.1");
+    let dir = crate::support::tools::test_data();
+    let lib = dir.join("libcuda/libcuda.so.1");
     assert!(
         lib.exists(),
-        "{} is missing: run scripts/fetch-test-data and point GPU_DRIVER_TEST_DATA at the directory it prints",
-        lib.display()
+        "{} is missing: {}",
+        lib.display(),
+        crate::support::tools::HOW
     );
     lib
 }

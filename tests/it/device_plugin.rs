@@ -18,13 +18,15 @@ const GPU1: &str = "GPU-5b6a9c1e-8f3a-2b7d-41c0-9e2f7a6d3b11";
 /// The directory `scripts/device-plugin` prints: `bin/nvidia-device-plugin`
 /// and `bin/kubelet-double`.
 fn device_plugin_bins() -> PathBuf {
-    let dir = std::env::var_os("GPU_DRIVER_DEVICE_PLUGIN").unwrap_or_else(|| {
-        panic!(
-            "GPU_DRIVER_DEVICE_PLUGIN is not set: run `scripts/test`, or \
-             `export GPU_DRIVER_DEVICE_PLUGIN=$(scripts/device-plugin | tail -1)` before `cargo test`"
-        )
-    });
-    PathBuf::from(dir).join("bin")
+    let dir = crate::support::tools::tools()
+        .device_plugin()
+        .unwrap_or_else(|| {
+            crate::support::tools::missing(
+                "devicePlugin",
+                "the directory scripts/device-plugin prints",
+            )
+        });
+    dir.join("bin")
 }
 
 /// A child process killed when the test ends, however it ends.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use gpu_driver_exporter::metrics::{self, Allocation, Snapshot};
 use gpu_driver_exporter::podresources::{self, proto};
 use gpu_driver_exporter::scrape;
-use gpu_driver_installer::host::{HostRoot, HostRootSource};
+use gpu_driver_installer::host_root::{HostRoot, HostRootSource};
 
 mod format;
 
@@ -127,13 +127,8 @@ impl Drop for Exporter {
 
 /// NVIDIA's real libnvidia-ml.so.<version> from scripts/fetch-test-data.
 fn real_nvml() -> PathBuf {
-    let dir = std::env::var_os("GPU_DRIVER_TEST_DATA").unwrap_or_else(|| {
-        panic!(
-            "GPU_DRIVER_TEST_DATA is not set: run `scripts/test`, or \
-             `export GPU_DRIVER_TEST_DATA=$(scripts/fetch-test-data | tail -1)` before `cargo test`"
-        )
-    });
-    let lib_dir = PathBuf::from(dir).join("nvidia-smi/lib");
+    let dir = crate::support::tools::test_data();
+    let lib_dir = dir.join("nvidia-smi/lib");
     let lib = std::fs::read_dir(&lib_dir)
         .ok()
         .into_iter()
@@ -145,9 +140,9 @@ fn real_nvml() -> PathBuf {
         });
     lib.unwrap_or_else(|| {
         panic!(
-            "{} has no libnvidia-ml.so.<version>: run scripts/fetch-test-data and point \
-             GPU_DRIVER_TEST_DATA at the directory it prints",
-            lib_dir.display()
+            "{} has no libnvidia-ml.so.<version>: {}",
+            lib_dir.display(),
+            crate::support::tools::HOW
         )
     })
 }
@@ -402,7 +397,7 @@ fn list(socket: &Path) -> Vec<Allocation> {
 }
 
 fn fixture_snapshot() -> Snapshot {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/exporter/snapshot.json");
+    let path = crate::support::repo_root().join("tests/fixtures/exporter/snapshot.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -582,7 +577,7 @@ fn a_missing_or_dead_kubelet_socket_is_reported() {
 /// A host root whose /proc holds the cgroup fixtures for the fixture's
 /// processes, and the kubelet's container log link for one of them.
 fn fixture_host(dir: &Path) -> HostRoot {
-    let cg = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/exporter/cgroup");
+    let cg = crate::support::repo_root().join("tests/fixtures/exporter/cgroup");
     for (pid, file) in [
         (41001, "v2-systemd-containerd-kind.cgroup"),
         (41002, "v1-cgroupfs.cgroup"),

@@ -1,10 +1,13 @@
 //! The assertions of `scripts/vm-test`: it boots a real Debian cloud kernel
 //! under QEMU with the static installer in an initramfs (`tests/vm-init.sh`
-//! is its /init) and hands the serial console log to this test via
-//! `GPU_DRIVER_VM_LOG`. Ignored in a plain `cargo test`: it needs the VM.
+//! is its /init) and hands the serial console log to this test as the
+//! tools file's `vmLog` (support/tools.rs). Ignored in a plain `cargo test`:
+//! it needs the VM. The Secure Boot VM's log and signers still come in
+//! `GPU_DRIVER_SB_*` variables.
 
 use std::collections::BTreeMap;
 
+use crate::support::tools;
 use serde_json::Value;
 
 /// A block printed by vm-init.sh between `@@BEGIN name[ rc=N]@@` and
@@ -175,11 +178,14 @@ fn nvidia_and_run(c: &mut Checks, b: &BTreeMap<String, Block>) {
 }
 
 #[test]
-#[ignore = "run by scripts/vm-test, which boots the VM and sets GPU_DRIVER_VM_LOG"]
+#[ignore = "run by scripts/vm-test, which boots the VM and writes vmLog"]
 fn vm_results() {
-    let path = std::env::var("GPU_DRIVER_VM_LOG").expect("GPU_DRIVER_VM_LOG: the console log");
-    let release = std::env::var("GPU_DRIVER_VM_RELEASE").unwrap_or_default();
-    let foreign = std::env::var("GPU_DRIVER_VM_FOREIGN").unwrap_or_default();
+    let tools = tools::tools();
+    let path = tools
+        .vm_log()
+        .unwrap_or_else(|| tools::missing("vmLog", "the console log"));
+    let release = tools.vm_release();
+    let foreign = tools.vm_foreign();
     let log = std::fs::read_to_string(&path).expect("reading the console log");
     let b = blocks(&log);
     let mut c = Checks {
@@ -292,9 +298,11 @@ fn vm_results() {
 
     println!("{} passed, {} failed", c.passed, c.failed);
     assert_eq!(
-        c.failed, 0,
-        "{} VM assertion(s) failed; console: {path}",
-        c.failed
+        c.failed,
+        0,
+        "{} VM assertion(s) failed; console: {}",
+        c.failed,
+        path.display()
     );
 }
 
@@ -302,11 +310,12 @@ fn vm_results() {
 /// an emulated cortex-a57, the static aarch64 installer, and the arm64
 /// artifact cross-built on the x86_64 machine.
 #[test]
-#[ignore = "run by scripts/vm-test-arm64, which boots the VM and sets GPU_DRIVER_VM_ARM64_LOG"]
+#[ignore = "run by scripts/vm-test-arm64, which boots the VM and writes vmArm64Log"]
 fn vm_arm64_results() {
+    let tools = tools::tools();
     let path =
-        std::env::var("GPU_DRIVER_VM_ARM64_LOG").expect("GPU_DRIVER_VM_ARM64_LOG: the console log");
-    let release = std::env::var("GPU_DRIVER_VM_RELEASE").unwrap_or_default();
+        (tools.vm_arm64_log()).unwrap_or_else(|| tools::missing("vmArm64Log", "the console log"));
+    let release = tools.vm_release();
     let log = std::fs::read_to_string(&path).expect("reading the console log");
     let b = blocks(&log);
     let mut c = Checks {
@@ -335,9 +344,11 @@ fn vm_arm64_results() {
     nvidia_and_run(&mut c, &b);
     println!("{} passed, {} failed", c.passed, c.failed);
     assert_eq!(
-        c.failed, 0,
-        "{} arm64 VM assertion(s) failed; console: {path}",
-        c.failed
+        c.failed,
+        0,
+        "{} arm64 VM assertion(s) failed; console: {}",
+        c.failed,
+        path.display()
     );
 }
 
@@ -377,7 +388,7 @@ fn vm_secure_boot_results() {
 
 /// Secure Boot on, seen by the kernel and by the installer's detect.
 fn secure_boot_platform(c: &mut Checks, log: &str, b: &BTreeMap<String, Block>, mok: &Value) {
-    let release = std::env::var("GPU_DRIVER_VM_RELEASE").unwrap_or_default();
+    let release = tools::tools().vm_release();
     let booted = vm_fact(log, "kernel");
     c.check(
         "booted the signed kernel the modules were built for",

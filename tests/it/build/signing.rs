@@ -93,7 +93,7 @@ fn a_build_signs_every_module_as_the_headers_sign_file_does() {
     let job = Job::new(&root, "signing");
     let tree = job.outer(&job.inner("src/kernel-open"));
     fs::create_dir_all(&tree).unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kmod-hello");
+    let fixture = crate::support::repo_root().join("tests/fixtures/kmod-hello");
     for f in ["hello.c", "Kbuild", "Makefile"] {
         fs::copy(fixture.join(f), tree.join(f)).unwrap();
     }

@@ -19,7 +19,8 @@ pub const TEST_FP: &str = "5A1B8FD2F2D90BA33025062F62ED44E0DB7FEF5F";
 pub const UNKNOWN_FP: &str = "35BCBFC37C1ED86093CB046C775CC81C091024AD";
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::support::repo_root()
+        .to_path_buf()
         .join("tests/fixtures/apt")
         .join(name)
 }

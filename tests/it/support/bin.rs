@@ -1,10 +1,16 @@
-//! The operator's and the exporter's binaries. Cargo hands a test only its
-//! own package's binaries (`CARGO_BIN_EXE_*`, here the installer's), so the
-//! other two are built once per test run with the same cargo and profile.
+//! The workspace's binaries: the installer, the operator and the exporter.
+//! Cargo hands a test only its own package's binaries (`CARGO_BIN_EXE_*`),
+//! and the tests are a package of their own, so each is built once per
+//! test run with the same cargo and profile.
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
+
+pub fn installer() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("gpu-driver-installer")).clone()
+}
 
 pub fn operator() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -31,7 +37,7 @@ fn build(name: &str) -> PathBuf {
             "--bin",
             name,
         ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(super::repo_root())
         .output()
         .unwrap_or_else(|e| panic!("running cargo build -p {name}: {e}"));
     assert!(

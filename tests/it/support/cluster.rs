@@ -6,10 +6,10 @@
 //! a panicking or killed test leaves nothing running; that is what makes
 //! [`Cluster::shared`] (never dropped) safe.
 //!
-//! Binaries: `GPU_DRIVER_K8S_BIN` (scripts/test sets it from
-//! `scripts/k8s-bins`), else the cached build of the current wrapper modules
-//! if there is one. Without either the tests fail; a developer may skip them
-//! with `GPU_DRIVER_SKIP_CLUSTER_TESTS=1`, except under `CI=true`.
+//! Binaries: the tools file's `k8sBin` (from `scripts/k8s-bins`), else the
+//! cached build of the current wrapper modules if there is one. Without
+//! either the tests fail; a developer may skip them with "cluster" in the
+//! file's `skip`, except under `CI=true`.
 //!
 //! KWOK manages every Node: create a Node object and it turns Ready (any
 //! `status.nodeInfo` given at creation is kept). Pods bound to a node
@@ -91,14 +91,15 @@ pub struct Cluster {
 }
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    super::repo_root().to_path_buf()
 }
 
 const HOW_TO_GET_BINS: &str = "\
-cluster tests need a real control plane: set GPU_DRIVER_K8S_BIN=$(scripts/k8s-bins | tail -1) \
-(builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok from \
-the Go module proxy once, ~30 min cold on 2 cores; see docs/local-cluster.md). scripts/test \
-does this. To skip these tests on purpose outside CI, set GPU_DRIVER_SKIP_CLUSTER_TESTS=1.";
+cluster tests need a real control plane: run `cargo xtask test` (or `scripts/test`), which \
+writes GPU_DRIVER_TOOLS with `k8sBin` (scripts/k8s-bins builds etcd, kube-apiserver, \
+kube-controller-manager, kube-scheduler, kubectl and kwok from the Go module proxy once, \
+~30 min cold on 2 cores; see docs/local-cluster.md). To skip these tests on purpose outside \
+CI, put \"cluster\" in the tools file's `skip`.";
 
 const BINARIES: [&str; 6] = [
     "etcd",
@@ -113,15 +114,15 @@ fn has_binaries(dir: &Path) -> bool {
     BINARIES.iter().all(|b| dir.join(b).is_file())
 }
 
-/// The binaries' directory: `GPU_DRIVER_K8S_BIN`, else a finished cached
+/// The binaries' directory: the tools file's `k8sBin`, else a finished cached
 /// build for the current wrapper modules. `None` when neither exists and
 /// skipping was asked for outside CI; panics otherwise.
 pub fn bin_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("GPU_DRIVER_K8S_BIN").filter(|d| !d.is_empty()) {
-        let d = PathBuf::from(d);
+    let tools = super::tools::tools();
+    if let Some(d) = tools.k8s_bin() {
         assert!(
             has_binaries(&d),
-            "GPU_DRIVER_K8S_BIN={} lacks one of {BINARIES:?}. {HOW_TO_GET_BINS}",
+            "k8sBin {} lacks one of {BINARIES:?}. {HOW_TO_GET_BINS}",
             d.display()
         );
         return Some(d);
@@ -129,9 +130,8 @@ pub fn bin_dir() -> Option<PathBuf> {
     if let Some(d) = cached_bin_dir() {
         return Some(d);
     }
-    let ci = std::env::var("CI").as_deref() == Ok("true");
-    if !ci && std::env::var("GPU_DRIVER_SKIP_CLUSTER_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipped: GPU_DRIVER_SKIP_CLUSTER_TESTS=1 and no k8s binaries");
+    if tools.skipped(super::tools::Group::Cluster) {
+        eprintln!("skipped: the tools file's skip holds \"cluster\" and no k8s binaries");
         return None;
     }
     panic!("{HOW_TO_GET_BINS}");

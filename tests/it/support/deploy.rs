@@ -6,7 +6,7 @@ use super::cluster::Cluster;
 
 /// A file of the repository, by its path from the root.
 pub fn repo_file(p: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(p);
+    let path = crate::support::repo_root().join(p);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn t4_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hosts/debian-12-t4-headers")
+    crate::support::repo_root().join("tests/fixtures/hosts/debian-12-t4-headers")
 }
 
 /// A copy (at `dir/host`) of the T4 fixture host root (one GPU on its PCI
@@ -128,7 +128,7 @@ gpu1.compute_capability = 9.0
 pub fn gpu_double(dir: &Path, profile: &str) -> PathBuf {
     stub_library(dir, "libnvidia-ml.c", "libnvidia-ml.so.1", &[]);
     stub_library(dir, "libcuda.c", "libcuda.so.1", &[]);
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu-double/nvidia-smi.c");
+    let src = crate::support::repo_root().join("tests/gpu-double/nvidia-smi.c");
     let st = Command::new("gcc")
         .args(["-Wall", "-Werror", "-o"])
         .arg(dir.join("nvidia-smi"))
@@ -145,7 +145,7 @@ pub fn gpu_double(dir: &Path, profile: &str) -> PathBuf {
 pub fn stub_library(dir: &Path, source: &str, soname: &str, defines: &[&str]) -> PathBuf {
     fs::create_dir_all(dir).unwrap();
     let out = dir.join(soname);
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+    let src = crate::support::repo_root()
         .join("tests/gpu-double")
         .join(source);
     let st = Command::new("gcc")

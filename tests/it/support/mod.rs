@@ -14,3 +14,14 @@ pub mod kernel_headers;
 pub mod om;
 pub mod run;
 pub mod tools;
+
+use std::path::Path;
+
+/// The repository's root: the tests' package is tests/it, two levels
+/// down. Every fixture, chart and manifest path starts here.
+pub fn repo_root() -> &'static Path {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent()
+        .and_then(Path::parent)
+        .expect("tests/it has a grandparent")
+}

@@ -7,16 +7,16 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-/// `GPU_DRIVER_OM_PARSER`, else what scripts/om-parser prints (cached,
+/// The tools file's `omParser`, else what scripts/om-parser prints (cached,
 /// or built now from the Go module proxy).
 fn parser() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("GPU_DRIVER_OM_PARSER").filter(|p| !p.is_empty()) {
-            return PathBuf::from(p);
+        if let Some(p) = super::tools::tools().om_parser() {
+            return p;
         }
-        let root = env!("CARGO_MANIFEST_DIR");
-        let out = Command::new(format!("{root}/scripts/om-parser"))
+        let root = super::repo_root();
+        let out = Command::new(root.join("scripts/om-parser"))
             .current_dir(root)
             .output()
             .expect("running scripts/om-parser");

@@ -6,42 +6,55 @@
 //! and Debian's `nvidia-*-kernel-source` tarballs installed) with `/proc`
 //! mounted in a private mount namespace. They take minutes and need:
 //!
-//! - `GPU_DRIVER_BUILDER_ROOTS`: a directory holding `bookworm/`,
+//! - the tools file's `builderRoots`: a directory holding `bookworm/`,
 //!   `trixie/` and `bookworm-arm64/` roots (`scripts/builder-root`; see
 //!   `docs/build.md`);
-//! - `GPU_DRIVER_STATIC_BIN`: the static binary (`scripts/build-static`);
+//! - its `staticBin`: the static binary (`scripts/build-static`);
 //! - root (chroot, mount namespaces) and `unshare` (util-linux).
 //!
-//! `scripts/test` sets both variables. Without the roots the compile tests
-//! fail, saying how to create them, unless `GPU_DRIVER_SKIP_COMPILE_TESTS=1`
-//! says to skip them. They only write under `<root>/build-dev/`.
+//! The test runner writes both. Without the roots the compile tests fail,
+//! saying how to create them, unless the file's `skip` holds "compile". They only write under `<root>/build-dev/`.
 
 use std::collections::BTreeMap;
+
 use std::fs;
+
 use std::io::Read;
+
 use std::os::unix::fs::MetadataExt;
+
 use std::path::{Path, PathBuf};
+
 use std::process::Command;
+
 use std::sync::Mutex;
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use gpu_driver_installer::host::CpuArch;
+use crate::support::tools;
+
+use gpu_driver_installer::node::CpuArch;
+
 use serde_json::Value;
 
 use crate::support::host as host_support;
+
 use sha2::{Digest, Sha256};
 
 mod signing;
 
 fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"));
+    let mut c = Command::new(crate::support::bin::installer());
     c.args(["--termination-log", "/nonexistent/termination-log"]);
     c.env_remove("RUST_LOG");
     c
 }
 
 use crate::support::run as run_support;
+
 use run_support::{Run, finish};
+
+mod preflight;
 
 fn reason(r: &Run) -> &str {
     r.doc["status"]["reason"].as_str().unwrap_or("")
@@ -71,176 +84,26 @@ fn build_args<'a>(source: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a s
     a
 }
 
-#[test]
-fn missing_headers_dir_is_kernel_headers_not_found() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().display().to_string();
-    let out = tmp.path().join("out").display().to_string();
-    let r = run_build(&src, &out, &["--headers", "/nonexistent/headers"]);
-    assert_eq!(reason(&r), "KernelHeadersNotFound", "{}", r.doc);
-    assert_eq!(r.code, 13);
-    assert!(
-        message(&r).contains("/nonexistent/headers"),
-        "{}",
-        message(&r)
-    );
-    assert!(message(&r).contains("linux-headers-6.1.0-50-cloud-amd64"));
-    assert_eq!(r.doc["kind"], "BuildResult");
-    assert_eq!(r.doc["apiVersion"], "gpu-driver.gardenlinux.io/v1alpha1");
-    assert_eq!(r.doc["status"]["phase"], "Failed");
-    assert_eq!(r.doc["spec"]["kernelRelease"], REL);
-    assert_eq!(r.doc["spec"]["flavor"], "open");
-
-    // Not given and not installed under the host root.
-    let host = tempfile::tempdir().unwrap();
-    let r = finish(
-        bin()
-            .args(["--host-root", host.path().to_str().unwrap()])
-            .args(build_args(&src, &out, &[]))
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(reason(&r), "KernelHeadersNotFound", "{}", r.doc);
-    assert!(message(&r).contains("--headers"), "{}", message(&r));
-}
-
-#[test]
-fn what_a_killed_build_left_in_its_work_dir_is_removed_by_the_next_one() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().display().to_string();
-    let out = tmp.path().join("out");
-    let work = out.join(format!("work-open-{REL}"));
-    // The extractor's temporary tree, as a kill -9 during extraction
-    // leaves it (900 MB for a real .run, enough to fail the next build's
-    // disk check).
-    let left = work.join(".source.partial-Xy12ab");
-    fs::create_dir_all(left.join("kernel-open")).unwrap();
-    fs::write(left.join("kernel-open/big.o"), vec![0u8; 1 << 20]).unwrap();
-    let out_s = out.display().to_string();
-    let r = run_build(&src, &out_s, &["--headers", "/nonexistent/headers"]);
-    assert_eq!(reason(&r), "KernelHeadersNotFound", "{}", r.doc);
-    assert!(!left.exists(), "the killed build's leftover is still there");
-    assert!(work.is_dir());
-}
-
-#[test]
-fn headers_of_another_release_are_a_mismatch() {
-    let tmp = tempfile::tempdir().unwrap();
-    let arch = headers(tmp.path(), REL, "6.1.0-49-cloud-amd64");
-    let src = tmp.path().display().to_string();
-    let out = tmp.path().join("out").display().to_string();
-    let h = arch.display().to_string();
-    let r = run_build(&src, &out, &["--headers", &h]);
-    assert_eq!(reason(&r), "KernelHeadersMismatch", "{}", r.doc);
-    assert_eq!(r.code, 13);
-    assert!(
-        message(&r).contains("are for 6.1.0-49-cloud-amd64, not for 6.1.0-50-cloud-amd64"),
-        "{}",
-        message(&r)
-    );
-
-    // The same through the host root (default lookup), with the release
-    // from the global --kernel-release.
-    let r = finish(
-        bin()
-            .args(["--host-root", &src, "--kernel-release", REL])
-            .args(["build", "--source", &src, "--flavor", "open", "--out", &out])
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(reason(&r), "KernelHeadersMismatch", "{}", r.doc);
-    assert_eq!(r.doc["spec"]["kernelRelease"], REL);
-}
-
-#[test]
-fn a_path_without_gcc_is_compiler_missing() {
-    let tmp = tempfile::tempdir().unwrap();
-    let arch = headers(tmp.path(), REL, REL);
-    let empty = tmp.path().join("empty-path");
-    fs::create_dir(&empty).unwrap();
-    let src = tmp.path().display().to_string();
-    let out = tmp.path().join("out").display().to_string();
-    let h = arch.display().to_string();
-    let r = finish(
-        bin()
-            .args(build_args(&src, &out, &["--headers", &h]))
-            .env("PATH", &empty)
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(reason(&r), "CompilerMissing", "{}", r.doc);
-    assert_eq!(r.code, 13);
-    assert!(
-        message(&r).contains("gcc, make, ld, strip not found"),
-        "{}",
-        message(&r)
-    );
-    // The headers that were checked are reported.
-    assert_eq!(r.doc["status"]["headers"]["release"], REL);
-    assert!(
-        r.doc["status"]["headers"]["commonDir"]
-            .as_str()
-            .unwrap()
-            .ends_with("linux-headers-common")
-    );
-}
-
-#[test]
-fn bad_arguments_are_invalid_argument() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out").display().to_string();
-    let r = run_build("/nonexistent/driver.run", &out, &[]);
-    assert_eq!(reason(&r), "InvalidArgument", "{}", r.doc);
-    assert_eq!(r.code, 4);
-    let src = tmp.path().display().to_string();
-    let r = run_build(&src, &out, &["--driver-version", "latest"]);
-    assert_eq!(reason(&r), "InvalidArgument", "{}", r.doc);
-    let r = finish(
-        bin()
-            .args([
-                "build",
-                "--source",
-                &src,
-                "--kernel",
-                "../../etc",
-                "--flavor",
-            ])
-            .args(["open", "--out", &out])
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(reason(&r), "InvalidArgument", "{}", r.doc);
-    // clap refuses --flavor auto and --jobs 0: exit 2, no document.
-    for bad in [["--flavor", "auto"], ["--jobs", "0"]] {
-        let out = bin()
-            .args(["build", "--source", &src, "--out", &out, "--flavor", "open"])
-            .args(bad)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{bad:?}");
-    }
-}
-
-// ---------------------------------------------------------------- compiles
-
 /// One compile at a time: they share the builder roots and two CPUs.
 static COMPILE: Mutex<()> = Mutex::new(());
 
 const HOW_TO_CREATE_ROOTS: &str = "\
-compile tests need GPU_DRIVER_BUILDER_ROOTS: a directory with Debian builder roots `bookworm/`, \
+compile tests need the tools file's `builderRoots`: a directory with Debian builder roots `bookworm/`, \
 `trixie/` and `bookworm-arm64/`. Create each as root with
   scripts/builder-root --link DIR SUITE
-(SUITE = bookworm, trixie, bookworm-arm64; see docs/build.md for what each holds). scripts/test makes \
-them and passes them on in GPU_DRIVER_BUILDER_ROOTS. To skip these tests on purpose, set \
-GPU_DRIVER_SKIP_COMPILE_TESTS=1.";
+(SUITE = bookworm, trixie, bookworm-arm64; see docs/build.md for what each holds). `cargo xtask test` \
+(or `scripts/test`) makes them and names them in GPU_DRIVER_TOOLS. To skip these tests on purpose, \
+put \"compile\" in the tools file's `skip`.";
 
 /// The builder roots, or `None` when skipping was asked for explicitly.
 fn builder_root(suite: &str) -> Option<PathBuf> {
-    let roots = match std::env::var_os("GPU_DRIVER_BUILDER_ROOTS") {
-        Some(r) if !r.is_empty() => PathBuf::from(r),
-        _ => {
-            if std::env::var("GPU_DRIVER_SKIP_COMPILE_TESTS").as_deref() == Ok("1") {
-                eprintln!("skipped: GPU_DRIVER_SKIP_COMPILE_TESTS=1");
+    let tools = tools::tools();
+    let roots = match tools.builder_roots() {
+        Some(r) => r,
+        None => {
+            // Honoured in CI too, as it always was for the compile tests.
+            if tools.skip_asked(tools::Group::Compile) {
+                eprintln!("skipped: the tools file's skip holds \"compile\"");
                 return None;
             }
             panic!("{HOW_TO_CREATE_ROOTS}");
@@ -256,12 +119,11 @@ fn builder_root(suite: &str) -> Option<PathBuf> {
 }
 
 fn static_bin() -> PathBuf {
-    let p = std::env::var_os("GPU_DRIVER_STATIC_BIN").map(PathBuf::from);
-    match p {
+    match tools::tools().static_bin() {
         Some(p) if p.is_file() => p,
-        _ => panic!(
-            "GPU_DRIVER_STATIC_BIN must name the static installer for the chroot \
-             (GPU_DRIVER_STATIC_BIN=$(scripts/build-static)); scripts/test sets it"
+        _ => tools::missing(
+            "staticBin",
+            "the static installer for the chroot, from scripts/build-static",
         ),
     }
 }
@@ -325,8 +187,8 @@ impl Job {
         assert!(
             // /proc/self belongs to the process's effective user.
             fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0),
-            "compile tests need root (chroot, mount namespaces); run scripts/test as root \
-             or set GPU_DRIVER_SKIP_COMPILE_TESTS=1"
+            "compile tests need root (chroot, mount namespaces); run `cargo xtask test` \
+             (or scripts/test) as root, or put \"compile\" in the tools file's skip"
         );
         let bin = self.root.join(&self.rel).join("gpu-driver-installer");
         fs::copy(static_bin(), &bin).unwrap();
@@ -379,14 +241,12 @@ impl Job {
 /// A build tree is a gigabyte or more: one left behind by a failed test in a
 /// root that CI keeps between runs would add up until the disk is full. So
 /// a job's directory goes even when its test panics, unless
-/// GPU_DRIVER_KEEP_FAILED_JOBS=1 asks to keep it for a look.
+/// the tools file's `keepFailedJobs` asks to keep it for a look.
 impl Drop for Job {
     fn drop(&mut self) {
         let dir = self.root.join(&self.rel);
-        if std::thread::panicking()
-            && std::env::var_os("GPU_DRIVER_KEEP_FAILED_JOBS").is_some_and(|v| v == "1")
-        {
-            eprintln!("kept {} (GPU_DRIVER_KEEP_FAILED_JOBS=1)", dir.display());
+        if std::thread::panicking() && tools::tools().keep_failed_jobs() {
+            eprintln!("kept {} (keepFailedJobs)", dir.display());
             return;
         }
         let _ = fs::remove_dir_all(dir);
@@ -450,7 +310,7 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
     // The architecture comes from the headers' .config; a cross build says
     // which prefix it used.
     assert_eq!(s["arch"], arch.nvidia_name(), "{s}");
-    let cross = arch != gpu_driver_installer::host::running_arch().unwrap();
+    let cross = arch != gpu_driver_installer::node::running_arch().unwrap();
     if cross {
         let prefix = format!("{}-", arch.gnu_triplet());
         assert_eq!(s["compiler"]["crossCompile"], prefix.as_str(), "{s}");
@@ -612,15 +472,14 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
     job.remove();
 }
 
-/// With `GPU_DRIVER_KEEP_ARTIFACTS=DIR`, the artifact is copied to
+/// With the tools file's `keepArtifacts` = DIR, the artifact is copied to
 /// `DIR/<suite>-<flavor>.tar.zst` before the job is removed: scripts/test
 /// hands the arm64 one to the arm64 VM test (`scripts/vm-test-arm64`)
 /// instead of compiling it twice.
 fn keep_artifact(artifact: &Path, name: &str) {
-    let Some(dir) = std::env::var_os("GPU_DRIVER_KEEP_ARTIFACTS").filter(|d| !d.is_empty()) else {
+    let Some(dir) = tools::tools().keep_artifacts() else {
         return;
     };
-    let dir = PathBuf::from(dir);
     fs::create_dir_all(&dir).unwrap();
     let dest = dir.join(format!("{name}.tar.zst"));
     fs::copy(artifact, &dest).unwrap();
@@ -630,16 +489,17 @@ fn keep_artifact(artifact: &Path, name: &str) {
 /// The `.run` of `scripts/test-runfile` (NVIDIA's open module sources and
 /// user space, from Debian, in a real makeself archive); required in CI.
 fn test_runfile() -> Option<PathBuf> {
-    match std::env::var_os("GPU_DRIVER_TEST_RUNFILE") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
+    match tools::tools().test_runfile() {
+        Some(p) => Some(p),
+        None => {
             assert!(
                 std::env::var_os("CI").is_none(),
-                "GPU_DRIVER_TEST_RUNFILE must name scripts/test-runfile's .run in CI"
+                "the tools file's testRunfile must name scripts/test-runfile's .run in CI: {}",
+                tools::HOW
             );
             eprintln!(
-                "GPU_DRIVER_TEST_RUNFILE is unset: building Debian's tarball instead of a .run \
-                 (GPU_DRIVER_TEST_RUNFILE=$(scripts/test-runfile ROOT))"
+                "the tools file has no testRunfile: building Debian's tarball instead of a .run \
+                 (scripts/test-runfile ROOT makes one)"
             );
             None
         }
@@ -653,115 +513,6 @@ fn compile_bookworm_open_535() {
         None => Source::InRoot("/usr/src/nvidia-open-kernel.tar.xz"),
     };
     compile_succeeds("bookworm", "open", source, "535.", CpuArch::X86_64);
-}
-
-/// Installs the built artifact into a fixture host root (one T4 on its PCI
-/// bus) whose `/proc/modules` says these very modules are loaded already
-/// (matched by srcversion/version), so that nothing reaches the kernel of
-/// the machine running the tests; then verify runs the placed, real
-/// nvidia-smi, which finds no NVIDIA kernel driver here and says so, and
-/// loads the placed, real libcuda, whose cuInit finds no device.
-fn install_and_verify_real_user_space(
-    artifact: &Path,
-    release: &str,
-    driver: &str,
-    files: &BTreeMap<String, Vec<u8>>,
-) {
-    let tmp = tempfile::tempdir().unwrap();
-    let host = host_support::installable_host(tmp.path());
-    let infos: Vec<_> = ["nvidia", "nvidia-uvm", "nvidia-modeset"]
-        .iter()
-        .map(|m| {
-            gpu_driver_installer::modinfo::parse_modinfo(&files[&format!("modules/{m}.ko")])
-                .unwrap()
-        })
-        .collect();
-    let loaded: Vec<host_support::Loaded> = infos
-        .iter()
-        .map(|i| host_support::Loaded {
-            name: &i.name,
-            version: i.version.as_deref(),
-            srcversion: i
-                .fields
-                .iter()
-                .find(|(k, _)| k == "srcversion")
-                .map(|(_, v)| v.as_str()),
-        })
-        .collect();
-    host_support::mark_loaded(&host, &loaded);
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_gpu-driver-installer"))
-            .args([
-                "--termination-log",
-                "/nonexistent",
-                "--host-root",
-                host.to_str().unwrap(),
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        finish(out)
-    };
-    let r = run(&[
-        "--kernel-release",
-        release,
-        "install",
-        "--artifact",
-        artifact.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        (r.code, reason(&r)),
-        (0, "AlreadyInstalled"),
-        "{}\n{}",
-        r.doc,
-        r.stderr
-    );
-    let us = &r.doc["status"]["userSpace"];
-    assert_eq!(us["present"], true, "{}", r.doc);
-    assert!(
-        us["ldconfig"].as_str().unwrap().contains("ldconfig -r"),
-        "{}",
-        r.doc
-    );
-    let current = host.join("var/lib/gpu-driver/drivers/current");
-    let smi = current.join("usr/bin/nvidia-smi");
-    assert!(smi.is_file());
-    // The host's ld.so.cache (real ldconfig -r) now resolves NVIDIA's
-    // libraries through the current driver root.
-    let cache = host_support::ld_cache(&host);
-    for soname in ["libnvidia-ml.so.1", "libcuda.so.1"] {
-        assert!(
-            cache.contains(&format!(
-                "{soname} (libc6,x86-64) => /var/lib/gpu-driver/drivers/current/"
-            )),
-            "{soname}: {cache}"
-        );
-    }
-    // NVIDIA's real nvidia-smi, with its real libnvidia-ml, finds no
-    // driver on this machine: VerifyFailed, quoting it.
-    let r = run(&["verify", "--driver-version", driver]);
-    assert_eq!(
-        (r.code, reason(&r)),
-        (15, "VerifyFailed"),
-        "{}\n{}",
-        r.doc,
-        r.stderr
-    );
-    let msg = message(&r);
-    assert!(
-        msg.contains("couldn't communicate with the NVIDIA driver"),
-        "{msg}"
-    );
-    // And the CUDA check, on the placed real libcuda with the host root's
-    // loader and glibc: libcuda's own error for a machine without a GPU.
-    let cuda = &r.doc["status"]["cuda"];
-    assert_eq!(cuda["error"]["call"], "cuInit", "{}", r.doc);
-    assert_eq!(cuda["error"]["name"], "CUDA_ERROR_NO_DEVICE", "{}", r.doc);
-    assert!(
-        msg.contains("; CUDA: cuInit failed with 100 CUDA_ERROR_NO_DEVICE"),
-        "{msg}"
-    );
-    eprintln!("verify with NVIDIA's nvidia-smi {driver} and no driver: {msg}");
 }
 
 #[test]
@@ -858,4 +609,113 @@ fn compile_trixie_open_fails_with_kernel_api_mismatch() {
     assert!(s["artifact"].is_null());
     assert!(s["timings"]["compileSeconds"].is_number());
     job.remove();
+}
+
+/// Installs the built artifact into a fixture host root (one T4 on its PCI
+/// bus) whose `/proc/modules` says these very modules are loaded already
+/// (matched by srcversion/version), so that nothing reaches the kernel of
+/// the machine running the tests; then verify runs the placed, real
+/// nvidia-smi, which finds no NVIDIA kernel driver here and says so, and
+/// loads the placed, real libcuda, whose cuInit finds no device.
+fn install_and_verify_real_user_space(
+    artifact: &Path,
+    release: &str,
+    driver: &str,
+    files: &BTreeMap<String, Vec<u8>>,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let host = host_support::installable_host(tmp.path());
+    let infos: Vec<_> = ["nvidia", "nvidia-uvm", "nvidia-modeset"]
+        .iter()
+        .map(|m| {
+            gpu_driver_installer::modinfo::parse_modinfo(&files[&format!("modules/{m}.ko")])
+                .unwrap()
+        })
+        .collect();
+    let loaded: Vec<host_support::Loaded> = infos
+        .iter()
+        .map(|i| host_support::Loaded {
+            name: &i.name,
+            version: i.version.as_deref(),
+            srcversion: i
+                .fields
+                .iter()
+                .find(|(k, _)| k == "srcversion")
+                .map(|(_, v)| v.as_str()),
+        })
+        .collect();
+    host_support::mark_loaded(&host, &loaded);
+    let run = |args: &[&str]| {
+        let out = Command::new(crate::support::bin::installer())
+            .args([
+                "--termination-log",
+                "/nonexistent",
+                "--host-root",
+                host.to_str().unwrap(),
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        finish(out)
+    };
+    let r = run(&[
+        "--kernel-release",
+        release,
+        "install",
+        "--artifact",
+        artifact.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        (r.code, reason(&r)),
+        (0, "AlreadyInstalled"),
+        "{}\n{}",
+        r.doc,
+        r.stderr
+    );
+    let us = &r.doc["status"]["userSpace"];
+    assert_eq!(us["present"], true, "{}", r.doc);
+    assert!(
+        us["ldconfig"].as_str().unwrap().contains("ldconfig -r"),
+        "{}",
+        r.doc
+    );
+    let current = host.join("var/lib/gpu-driver/drivers/current");
+    let smi = current.join("usr/bin/nvidia-smi");
+    assert!(smi.is_file());
+    // The host's ld.so.cache (real ldconfig -r) now resolves NVIDIA's
+    // libraries through the current driver root.
+    let cache = host_support::ld_cache(&host);
+    for soname in ["libnvidia-ml.so.1", "libcuda.so.1"] {
+        assert!(
+            cache.contains(&format!(
+                "{soname} (libc6,x86-64) => /var/lib/gpu-driver/drivers/current/"
+            )),
+            "{soname}: {cache}"
+        );
+    }
+    // NVIDIA's real nvidia-smi, with its real libnvidia-ml, finds no
+    // driver on this machine: VerifyFailed, quoting it.
+    let r = run(&["verify", "--driver-version", driver]);
+    assert_eq!(
+        (r.code, reason(&r)),
+        (15, "VerifyFailed"),
+        "{}\n{}",
+        r.doc,
+        r.stderr
+    );
+    let msg = message(&r);
+    assert!(
+        msg.contains("couldn't communicate with the NVIDIA driver"),
+        "{msg}"
+    );
+    // And the CUDA check, on the placed real libcuda with the host root's
+    // loader and glibc: libcuda's own error for a machine without a GPU.
+    let cuda = &r.doc["status"]["cuda"];
+    assert_eq!(cuda["error"]["call"], "cuInit", "{}", r.doc);
+    assert_eq!(cuda["error"]["name"], "CUDA_ERROR_NO_DEVICE", "{}", r.doc);
+    assert!(
+        msg.contains("; CUDA: cuInit failed with 100 CUDA_ERROR_NO_DEVICE"),
+        "{msg}"
+    );
+    eprintln!("verify with NVIDIA's nvidia-smi {driver} and no driver: {msg}");
 }
