@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use gpu_driver_installer::artifact::{self, Manifest, ManifestFile, ManifestModule, PackFile};
 use gpu_driver_installer::cache::{CacheConfig, CacheKey, Session};
-use gpu_driver_installer::host::{CpuArch, ModuleFlavor};
+use gpu_driver_installer::node::{CpuArch, ModuleFlavor};
 
 const KERNEL: &str = "6.1.0-50-cloud-amd64";
 const DRIVER: &str = "580.95.05";
@@ -97,7 +97,7 @@ fn make(url: &str, size_mib: u64, dir: &Path) -> Result<(), Box<dyn std::error::
     for (i, (name, mib)) in files.iter().enumerate() {
         let path = dir.join("src").join(name);
         write_payload(&path, *mib, 0x9e37_79b9 + i as u64)?;
-        let (sha256, size) = gpu_driver_installer::files::sha256_file(
+        let (sha256, size) = gpu_driver_installer::digest::sha256_file(
             &path,
             gpu_driver_installer::Failure::Internal,
         )?;

@@ -128,7 +128,7 @@ struct TrustedKey {
 }
 
 /// `--apt-keyring`: Debian's own keyrings are tens of KiB.
-const KEYRING_FILE: crate::files::Named = crate::files::Named {
+const KEYRING_FILE: crate::named_file::Named = crate::named_file::Named {
     what: "the apt keyring (--apt-keyring)",
     max: 4 << 20,
     reason: Failure::InvalidArgument,
@@ -667,6 +667,6 @@ mod tests {
     /// nor fills memory, nor shows up in a message.
     #[test]
     fn the_keyring_file_is_read_bounded() {
-        crate::files::hostile::assert_refused(KEYRING_FILE.max, Keyring::from_file);
+        crate::named_file::hostile::assert_refused(KEYRING_FILE.max, Keyring::from_file);
     }
 }

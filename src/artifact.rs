@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Failure, Result};
-use crate::host::{CpuArch, ModuleFlavor};
+use crate::node::{CpuArch, ModuleFlavor};
 
 /// Bumped when the manifest's meaning changes.
 /// 1: modules and firmware. 2: user space (`userSpace`, `links`) from a
@@ -68,7 +68,7 @@ pub struct Manifest {
     /// absent when they are unsigned. Optional and additive, so readers of
     /// version 2 still read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signer: Option<crate::host::Signer>,
+    pub signer: Option<crate::node::Signer>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,7 +195,7 @@ impl Manifest {
     /// command: the driver version and kernel release name directories,
     /// entries name files inside the artifact, links stay in their directory.
     pub fn validate(&self) -> Result<()> {
-        if !crate::host::is_driver_version(&self.driver_version) {
+        if !crate::node::is_driver_version(&self.driver_version) {
             return Err(invalid(format!(
                 "driverVersion {:?} is not a driver version like 535.261.03",
                 self.driver_version
@@ -299,7 +299,7 @@ impl Manifest {
 }
 
 /// An artifact's `manifest.json`: a few KiB (a file list and digests).
-pub const MANIFEST: crate::files::Named = crate::files::Named {
+pub const MANIFEST: crate::named_file::Named = crate::named_file::Named {
     what: "the artifact manifest",
     max: 4 << 20,
     reason: Failure::ArtifactInvalid,
@@ -320,7 +320,7 @@ pub fn check_dir(dir: &Path) -> Result<Manifest> {
                 entry.file
             )));
         }
-        let (sum, _) = crate::files::sha256_file(&file, Failure::ArtifactInvalid)?;
+        let (sum, _) = crate::digest::sha256_file(&file, Failure::ArtifactInvalid)?;
         if !sum.eq_ignore_ascii_case(entry.sha256) {
             return Err(invalid(format!(
                 "{}: sha256 {sum} differs from the manifest's {}",
@@ -469,12 +469,12 @@ pub fn pack(artifact: &Path, manifest: &Manifest, files: &[PackFile]) -> Result<
         buf.flush().map_err(write_err)?;
     }
     tmp.as_file().sync_all().map_err(write_err)?;
-    let (sha256, _) = crate::files::sha256_file(tmp.path(), LOCAL_IO)?;
+    let (sha256, _) = crate::digest::sha256_file(tmp.path(), LOCAL_IO)?;
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
         .map_err(|e| Error::io(LOCAL_IO, "setting permissions of", tmp.path(), e))?;
     tmp.persist(artifact)
         .map_err(|e| Error::io(LOCAL_IO, "renaming into place", artifact, e.error))?;
-    crate::files::sync_dir(dir);
+    crate::publish::sync_dir(dir);
     Ok(sha256)
 }
 
@@ -577,7 +577,7 @@ mod tests {
                 },
             });
         }
-        let sum = |b: &str| crate::files::sha256_bytes(b.as_bytes());
+        let sum = |b: &str| crate::digest::sha256_bytes(b.as_bytes());
         let m = Manifest {
             schema_version: MANIFEST_VERSION,
             generator: "test".into(),
@@ -624,7 +624,7 @@ mod tests {
             .join(file_name(&m.driver_version, m.flavor, &m.kernel_release));
         let sha = pack(&art, &m, &files).unwrap();
         let bytes = fs::read(&art).unwrap();
-        assert_eq!(crate::files::sha256_bytes(&bytes), sha);
+        assert_eq!(crate::digest::sha256_bytes(&bytes), sha);
         // The cache's in-memory check covers user space too.
         check_bytes(&bytes, &m).unwrap();
         let out = dir.path().join("out");

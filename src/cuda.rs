@@ -30,7 +30,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Failure, Result};
-use crate::host::HostRoot;
+use crate::host_root::HostRoot;
 
 /// cuInit and a context per device take seconds, tens on a large HGX;
 /// past this the helper is hung and is killed with its result missing.
@@ -633,7 +633,10 @@ mod tests {
             tmp.path().join("lib64").join(ld),
         )
         .unwrap();
-        let root = HostRoot::new(tmp.path().to_path_buf(), crate::host::HostRootSource::Flag);
+        let root = HostRoot::new(
+            tmp.path().to_path_buf(),
+            crate::host_root::HostRootSource::Flag,
+        );
         let loader = find_loader(&root).unwrap();
         assert!(loader.starts_with(tmp.path()), "{}", loader.display());
         let libcuda = Path::new("/drivers/current/usr/lib/x/libcuda.so.1");
@@ -647,7 +650,7 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         let none = HostRoot::new(
             empty.path().to_path_buf(),
-            crate::host::HostRootSource::Flag,
+            crate::host_root::HostRootSource::Flag,
         );
         let e = find_loader(&none).unwrap_err();
         assert_eq!(e.reason, Reason::CudaCheckFailed);

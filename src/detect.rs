@@ -3,7 +3,8 @@
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Failure, Result, Success};
-use crate::host::{self, CpuArch, HostRoot, OsInfo, PciRole};
+use crate::host_root::HostRoot;
+use crate::node::{self, CpuArch, OsInfo, PciRole};
 use crate::report::{Kind, Outcome};
 use crate::step::{self, Done, StepStatus, Stopped};
 
@@ -48,7 +49,7 @@ pub fn detect_failed(spec: DetectSpec, error: Error) -> HostReport {
 
 /// The report of a node that is not here: `prebuild`'s target, given as
 /// the OS id and version a node of it reports (`gardenlinux` `1877.3`,
-/// `debian` `12`, as [`host::os_info_from`] reads them from os-release),
+/// `debian` `12`, as [`node::os_info_from`] reads them from os-release),
 /// its kernel and architecture. Nothing is read from a host; no GPU is
 /// known. `Detected` when the catalog lists the OS version, else
 /// `UnsupportedOs`.
@@ -87,19 +88,19 @@ pub fn target_report(
 
 fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
     let root = opts.root;
-    let os = host::read_os(root)?;
+    let os = node::read_os(root)?;
     st.os_supported = Some(os_supported(opts.catalog, &os));
     st.os = Some(os);
     st.kernel_release = Some(match &opts.kernel_release {
         Some(k) => k.clone(),
-        None => host::read_kernel_release(root)?,
+        None => node::read_kernel_release(root)?,
     });
     st.arch = Some(match opts.arch {
         Some(a) => a,
-        None => crate::host::running_arch()?,
+        None => crate::node::running_arch()?,
     });
-    st.boot_id = host::read_boot_id(root)?;
-    for dev in host::read_pci_devices(&host::pci_devices_dir(root))? {
+    st.boot_id = node::read_boot_id(root)?;
+    for dev in node::read_pci_devices(&node::pci_devices_dir(root))? {
         match dev.role() {
             PciRole::Gpu => {
                 let arch = opts.catalog.architecture_of(dev.device);
@@ -120,14 +121,14 @@ fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
         }
     }
     let modules_path = root.kernel_path("/proc/modules");
-    if let Some(text) = host::read_optional(&modules_path)? {
-        st.loaded_modules = host::parse_proc_modules(&text)?;
+    if let Some(text) = node::read_optional(&modules_path)? {
+        st.loaded_modules = node::parse_proc_modules(&text)?;
     }
     let version_path = root.kernel_path("/proc/driver/nvidia/version");
-    st.loaded_driver = host::read_optional(&version_path)?
+    st.loaded_driver = node::read_optional(&version_path)?
         .as_deref()
-        .and_then(host::parse_nvidia_version);
-    let policy = host::SignaturePolicy::read(root)?;
+        .and_then(node::parse_nvidia_version);
+    let policy = node::SignaturePolicy::read(root)?;
     st.secure_boot = Some(policy.secure_boot);
     st.lockdown = policy.lockdown;
     st.module_signatures_required = policy.required();

@@ -19,7 +19,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Failure, Result};
-use crate::host::CpuArch;
+use crate::node::CpuArch;
 
 /// NVIDIA's redistributable driver components.
 const REDIST_BASE: &str = "https://developer.download.nvidia.com/compute/nvidia-driver/redist";
@@ -52,7 +52,7 @@ pub(crate) fn archive_version(file_name: &str) -> Option<String> {
         .strip_prefix("fabricmanager-")?
         .strip_suffix("-archive.tar.xz")?;
     let version = rest.rsplit('-').next()?;
-    crate::host::is_driver_version(version).then(|| version.to_string())
+    crate::node::is_driver_version(version).then(|| version.to_string())
 }
 
 // ------------------------------------------------------------ placement

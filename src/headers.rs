@@ -16,7 +16,8 @@ use crate::apt::{self, AptSource, Index, Package};
 use crate::deb;
 use crate::error::{Error, Failure, Result};
 use crate::fetch::{self, FetchPolicy, FetchRequest};
-use crate::host::{CpuArch, HostRoot};
+use crate::host_root::HostRoot;
+use crate::node::CpuArch;
 
 /// Local filesystem failures (scratch directory) are not the repository's
 /// fault; the closed reason list has nothing closer than Internal.

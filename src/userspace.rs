@@ -12,9 +12,10 @@ use std::ffi::OsString;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
+use crate::confined_fs::{HostFs, Kind};
 use crate::error::{Error, Failure, Result};
-use crate::host::{CpuArch, HostRoot};
-use crate::hostfs::{HostFs, Kind};
+use crate::host_root::HostRoot;
+use crate::node::CpuArch;
 
 /// Utilities, inside the artifact and the driver root.
 pub const BIN_DIR: &str = "usr/bin";
@@ -199,7 +200,7 @@ pub fn collect(extracted: &Path, arch: CpuArch) -> Result<Option<(PathBuf, Vec<P
     let Some(manifest) = find_dot_manifest(extracted) else {
         return Ok(None);
     };
-    let text = crate::files::Named {
+    let text = crate::named_file::Named {
         what: "the package's .manifest",
         max: 16 << 20,
         reason: Failure::ArchiveInvalid,
@@ -335,7 +336,7 @@ pub fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
     // PID 1's root, found by itself or given (the operator's Jobs pass
     // --host-root /proc/1/root): mount where PID 1 lives.
     let host = fs.host();
-    if host.source() == crate::host::HostRootSource::Pid1Root
+    if host.source() == crate::host_root::HostRootSource::Pid1Root
         || host.path() == Path::new("/proc/1/root")
     {
         let mut cmd = crate::process::command("/proc/self/exe");
@@ -595,14 +596,17 @@ libevil.so.1 0000 UTILITY_LIB_SYMLINK NATIVE ../../../lib/libc.so.6 MODULE:nvidi
         fs::create_dir_all(tmp.path().join("usr/sbin")).unwrap();
         std::os::unix::fs::symlink("usr/sbin", tmp.path().join("sbin")).unwrap();
         fs::write(tmp.path().join("usr/sbin/ldconfig"), "").unwrap();
-        let root = HostRoot::new(tmp.path().to_path_buf(), crate::host::HostRootSource::Flag);
+        let root = HostRoot::new(
+            tmp.path().to_path_buf(),
+            crate::host_root::HostRootSource::Flag,
+        );
         let (cmd, args) = ldconfig_command(&root).unwrap();
         assert_eq!(cmd, tmp.path().join("usr/sbin/ldconfig"));
         assert_eq!(args, [OsString::from("-r"), tmp.path().as_os_str().into()]);
         let empty = tempfile::tempdir().unwrap();
         let none = HostRoot::new(
             empty.path().to_path_buf(),
-            crate::host::HostRootSource::Flag,
+            crate::host_root::HostRootSource::Flag,
         );
         assert!(ldconfig_command(&none).is_none());
         assert!(

@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cuda::{self, CudaStatus};
 use crate::error::{Error, Failure, Result, Success};
-use crate::host::{self, HostRoot, PciRole};
+use crate::host_root::HostRoot;
 use crate::install::DRIVERS_DIR;
+use crate::node::{self, PciRole};
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 use crate::step::{self, Done, StepStatus};
 
@@ -250,7 +251,7 @@ impl StepStatus for VerifyStatus {
 
 /// The GPUs detect counts on the PCI bus.
 fn gpu_count(root: &HostRoot) -> Result<usize> {
-    Ok(host::read_pci_devices(&host::pci_devices_dir(root))?
+    Ok(node::read_pci_devices(&node::pci_devices_dir(root))?
         .iter()
         .filter(|d| d.role() == PciRole::Gpu)
         .count())

@@ -12,7 +12,7 @@ use super::source::Source;
 use super::{BuildOptions, BuildStatus, LOCAL_IO, seconds};
 use crate::error::{Error, Failure, Result};
 use crate::headers::KernelHeaders;
-use crate::host::ModuleFlavor;
+use crate::node::ModuleFlavor;
 
 /// A compile of NVIDIA's modules takes 2-10 minutes on 2 cores; one past
 /// this is hung (a conftest waiting on something that never comes).

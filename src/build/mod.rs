@@ -32,7 +32,8 @@ use std::time::Duration;
 
 use crate::artifact;
 use crate::error::{Error, Failure, Result, Success};
-use crate::host::{CpuArch, HostRoot, ModuleFlavor};
+use crate::host_root::HostRoot;
+use crate::node::{CpuArch, ModuleFlavor};
 use crate::step::{self, Done, StepResult, StepStatus, Stopped};
 
 pub use compile::{CompileFailure, EXCERPT_LINES, classify_log, make_args};
@@ -162,7 +163,7 @@ fn running_release(opts: &BuildOptions) -> Result<Option<String>> {
     if !opts.kernel_release.is_empty() {
         return Ok(None);
     }
-    let release = crate::host::read_kernel_release(&opts.root)?;
+    let release = crate::node::read_kernel_release(&opts.root)?;
     // An empty answer would send `build` back to itself.
     if release.is_empty() {
         return Err(Error::new(
@@ -294,7 +295,7 @@ fn refuse_compile(opts: &BuildOptions, cache: Option<&crate::cache::Session>) ->
 fn check_arguments(opts: &BuildOptions) -> Result<()> {
     check_release_name(&opts.kernel_release)?;
     if let Some(v) = &opts.driver_version {
-        if !crate::host::is_driver_version(v) {
+        if !crate::node::is_driver_version(v) {
             return Err(Error::new(
                 Failure::InvalidArgument,
                 format!("--driver-version {v:?} is not a driver version like 535.261.03"),
@@ -320,7 +321,7 @@ fn restore_pinned(
 ) -> Result<Option<String>> {
     let arch = match opts.arch {
         Some(a) => a,
-        None => crate::host::running_arch()?,
+        None => crate::node::running_arch()?,
     };
     let release = opts.kernel_release.as_str();
     let Some(dir) = session.pinned_entry().map(str::to_string) else {
@@ -453,7 +454,7 @@ impl Drop for Cleanup {
 /// would make the disk check fail. The lock is held until the build ends.
 fn claim_work_dir(work: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
     fs::create_dir_all(work).map_err(|e| Error::io(LOCAL_IO, "creating", work, e))?;
-    let lock = crate::files::lock(&work.join(".lock"), LOCAL_IO)?;
+    let lock = crate::lock::lock(&work.join(".lock"), LOCAL_IO)?;
     let entries = fs::read_dir(work).map_err(|e| Error::io(LOCAL_IO, "listing", work, e))?;
     for entry in entries.flatten() {
         let name = entry.file_name();

@@ -13,8 +13,8 @@ use crate::artifact::{
     PackFile,
 };
 use crate::error::{Error, Failure, Result};
-use crate::host::CpuArch;
 use crate::modinfo;
+use crate::node::CpuArch;
 
 /// The modules NVIDIA's Makefile builds (`NV_KERNEL_MODULES`); `nvidia` is
 /// the one without which nothing works.
@@ -92,7 +92,7 @@ pub(super) fn package(
 fn add_firmware(manifest: &mut Manifest, firmware: &[PathBuf]) -> Result<Vec<PackFile>> {
     let mut files = Vec::new();
     for fw in firmware {
-        let (sha256, size_bytes) = crate::files::sha256_file(fw, LOCAL_IO)?;
+        let (sha256, size_bytes) = crate::digest::sha256_file(fw, LOCAL_IO)?;
         let name = fw
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -131,7 +131,7 @@ fn add_user_space(
         match p {
             crate::userspace::Placement::File { src, dest, mode } => {
                 let path = base.join(src);
-                let (sha256, size_bytes) = crate::files::sha256_file(&path, LOCAL_IO)?;
+                let (sha256, size_bytes) = crate::digest::sha256_file(&path, LOCAL_IO)?;
                 manifest.user_space.push(ManifestUserFile {
                     file: dest.clone(),
                     size_bytes,
@@ -212,7 +212,7 @@ fn stage_module(ko: &Path, dest_dir: &Path, release: &str, pre: &Preflight) -> R
         .map_err(|e| Error::new(Failure::BuildFailed, format!("reading modinfo: {e}")))?;
     check_vermagic(&file_name, &info.vermagic, release)?;
     check_machine(&file_name, info.machine, target.arch)?;
-    let (sha256, size_bytes) = crate::files::sha256_file(&dest, LOCAL_IO)?;
+    let (sha256, size_bytes) = crate::digest::sha256_file(&dest, LOCAL_IO)?;
     let module = BuiltModule {
         name: info.name.clone(),
         file: format!("modules/{file_name}"),

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::error::Failure;
-use crate::files::Named;
+use crate::named_file::Named;
 
 /// A cgroup file: small, and only ever read for the limit (a failure
 /// leaves the build at one compiler per CPU).

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::{BuildOptions, BuildStatus, CompilerUsed, HeadersUsed, LOCAL_IO};
 use crate::error::{Error, Failure, Result};
 use crate::headers::{KernelHeaders, inspect_headers, locate_headers};
-use crate::host::CpuArch;
+use crate::node::CpuArch;
 
 /// What preflight established: the headers, the compiler, the work dir.
 pub(super) struct Preflight {
@@ -36,7 +36,7 @@ pub(super) fn preflight(opts: &BuildOptions, status: &mut BuildStatus) -> Result
     });
     let target = Target::new(
         target_arch(opts.arch, &headers)?,
-        crate::host::running_arch()?,
+        crate::node::running_arch()?,
     );
     status.arch = Some(target.arch);
     let path_var = std::env::var_os("PATH").unwrap_or_default();
@@ -142,7 +142,7 @@ pub fn target_arch(flag: Option<CpuArch>, headers: &KernelHeaders) -> Result<Cpu
         .with_hint(format!("pass the headers of the {f} kernel, or --arch {h}"))),
         (_, Some(h)) => Ok(h),
         (Some(f), None) => Ok(f),
-        (None, None) => crate::host::running_arch(),
+        (None, None) => crate::node::running_arch(),
     }
 }
 

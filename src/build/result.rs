@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::host::{CpuArch, ModuleFlavor};
+use crate::node::{CpuArch, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 use crate::step::StepStatus;
 
@@ -129,7 +129,7 @@ pub struct BuildStatus {
     /// Who signed the modules (`--signing-key/--signing-cert`): the
     /// certificate's subject and SHA-256 fingerprint; absent when unsigned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signer: Option<crate::host::Signer>,
+    pub signer: Option<crate::node::Signer>,
     pub timings: Timings,
     /// What the artifact cache did (`--cache-url`); `Disabled` without one.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::{BuildOptions, BuildStatus, Cleanup, LOCAL_IO, remove_dir_if_present, seconds};
 use crate::error::{Error, Failure, Result};
-use crate::host::CpuArch;
+use crate::node::CpuArch;
 
 /// The unpacked package: its module tree, version, firmware and user space.
 pub(super) struct Source {
@@ -62,7 +62,7 @@ pub(super) fn extract_source(
 pub fn driver_version_of(tree: &Path, flag: Option<&str>) -> Result<String> {
     let mut declared = None;
     for f in ["Kbuild", "Makefile"] {
-        if let Some(text) = crate::host::read_optional(&tree.join(f)).ok().flatten() {
+        if let Some(text) = crate::node::read_optional(&tree.join(f)).ok().flatten() {
             declared = parse_nv_version_string(&text);
             if declared.is_some() {
                 break;
@@ -71,7 +71,7 @@ pub fn driver_version_of(tree: &Path, flag: Option<&str>) -> Result<String> {
     }
     if declared.is_none() {
         for dir in tree.ancestors().take(3) {
-            if let Some(text) = crate::host::read_optional(&dir.join("version.mk"))
+            if let Some(text) = crate::node::read_optional(&dir.join("version.mk"))
                 .ok()
                 .flatten()
             {
@@ -112,7 +112,7 @@ pub fn parse_nv_version_string(text: &str) -> Option<String> {
             .chars()
             .take_while(|c| c.is_ascii_digit() || *c == '.')
             .collect();
-        crate::host::is_driver_version(&v).then_some(v)
+        crate::node::is_driver_version(&v).then_some(v)
     })
 }
 
@@ -122,7 +122,7 @@ pub fn parse_version_mk(text: &str) -> Option<String> {
         let rest = l.trim().strip_prefix("NVIDIA_VERSION")?;
         let v = rest.trim_start().strip_prefix(['=', ':'])?;
         let v = v.trim_start_matches('=').trim();
-        crate::host::is_driver_version(v).then(|| v.to_string())
+        crate::node::is_driver_version(v).then(|| v.to_string())
     })
 }
 

@@ -10,7 +10,7 @@ use super::store::{Downloaded, Store, unavailable};
 use super::{CacheStatus, FORMAT_VERSION};
 use crate::artifact::{MANIFEST_VERSION, Manifest};
 use crate::error::{Error, Failure, Result};
-use crate::host::{CpuArch, ModuleFlavor};
+use crate::node::{CpuArch, ModuleFlavor};
 
 /// Everything that makes two artifacts interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,7 +54,7 @@ impl CacheKey {
 
     /// The key of the same build signed by `signer` (`None`: unsigned). A
     /// signed and an unsigned artifact never share an entry.
-    pub fn signed_by(self, signer: Option<&crate::host::Signer>) -> Self {
+    pub fn signed_by(self, signer: Option<&crate::node::Signer>) -> Self {
         CacheKey {
             signer: signer.map(|s| s.sha256.clone()).unwrap_or_default(),
             ..self
@@ -350,7 +350,7 @@ mod tests {
             ModuleFlavor::Open,
             "gcc (Debian 12.2.0-14) 12.2.0",
         );
-        let signer = |fp: &str| crate::host::Signer {
+        let signer = |fp: &str| crate::node::Signer {
             subject: "CN=owner".into(),
             sha256: fp.repeat(64),
         };

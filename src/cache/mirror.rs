@@ -53,7 +53,7 @@ fn restore_package(
     .map_err(|e| Error::io(Failure::Internal, "setting permissions of", file.path(), e))?;
     file.persist(dest)
         .map_err(|e| Error::io(Failure::Internal, "renaming into place", dest, e.error))?;
-    crate::files::sync_dir(parent);
+    crate::publish::sync_dir(parent);
     Ok(Some(got.size))
 }
 

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Catalog, OPEN_BY_DEFAULT_FROM, OsEntry, OsRelease, branch_of, evidence_ok};
 use crate::error::Result;
-use crate::host::{CpuArch, KernelVersion, ModuleFlavor};
+use crate::node::{CpuArch, KernelVersion, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

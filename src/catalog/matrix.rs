@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::{Catalog, Exclusion};
 use crate::error::{Error, Failure, Result};
-use crate::host::{KernelVersion, ModuleFlavor};
+use crate::node::{KernelVersion, ModuleFlavor};
 
 /// The fields of one matrix result that matter here; the rest is ignored.
 #[derive(Debug, Default, Deserialize)]
@@ -45,7 +45,7 @@ type Key = (String, Option<String>, (u32, u32));
 /// The suggestions for the matrix at `path`, as TOML for the catalog with
 /// `#` comments; nothing to suggest is not an error.
 pub fn matrix_exclusions(catalog: &Catalog, path: &Path) -> Result<String> {
-    let text = crate::files::Named {
+    let text = crate::named_file::Named {
         what: "the build matrix",
         max: 64 << 20,
         reason: Failure::InvalidArgument,

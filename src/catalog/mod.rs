@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::error::{Error, Failure, Result};
-use crate::host::{CpuArch, KernelVersion, ModuleFlavor};
+use crate::node::{CpuArch, KernelVersion, ModuleFlavor};
 
 mod check;
 mod matrix;
@@ -251,7 +251,7 @@ pub fn version_matches(host: &str, pattern: &str) -> bool {
 }
 
 /// `--catalog`: the embedded one is tens of KiB.
-const CATALOG_FILE: crate::files::Named = crate::files::Named {
+const CATALOG_FILE: crate::named_file::Named = crate::named_file::Named {
     what: "the catalog (--catalog)",
     max: 4 << 20,
     reason: Failure::CatalogInvalid,
@@ -456,7 +456,7 @@ mod tests {
     /// fills memory, nor shows up in a message.
     #[test]
     fn the_catalog_file_is_read_bounded() {
-        crate::files::hostile::assert_refused(CATALOG_FILE.max, Catalog::load);
+        crate::named_file::hostile::assert_refused(CATALOG_FILE.max, Catalog::load);
     }
 
     #[test]

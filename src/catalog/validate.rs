@@ -5,7 +5,7 @@
 
 use super::{Catalog, branch_of, parse_range};
 use crate::error::{Error, Failure, Result};
-use crate::host::{KernelVersion, is_driver_version};
+use crate::node::{KernelVersion, is_driver_version};
 
 fn bad(m: String) -> Error {
     Error::new(Failure::CatalogInvalid, m)

@@ -16,7 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Failure, Result};
-use crate::host::ModuleFlavor;
+use crate::node::ModuleFlavor;
 use crate::runfile;
 
 mod tree;

@@ -19,7 +19,7 @@ pub(super) fn redistrib_manifest_url(url: &str) -> Option<String> {
         .strip_suffix("-archive.tar.xz")?
         .rsplit('-')
         .next()
-        .filter(|v| crate::host::is_driver_version(v))?;
+        .filter(|v| crate::node::is_driver_version(v))?;
     Some(format!("{base}/redist/redistrib_{version}.json"))
 }
 

@@ -4,7 +4,7 @@ use super::FetchPolicy;
 use crate::error::{Error, Failure, Result};
 
 /// `--ca-bundle`: a system's whole bundle is a few hundred KiB.
-const CA_BUNDLE: crate::files::Named = crate::files::Named {
+const CA_BUNDLE: crate::named_file::Named = crate::named_file::Named {
     what: "the CA bundle (--ca-bundle)",
     max: 4 << 20,
     reason: Failure::InvalidArgument,
@@ -209,7 +209,7 @@ mod tests {
     /// fills memory, nor shows up in a message.
     #[test]
     fn the_ca_bundle_is_read_bounded() {
-        crate::files::hostile::assert_refused(CA_BUNDLE.max, |p| {
+        crate::named_file::hostile::assert_refused(CA_BUNDLE.max, |p| {
             let policy = FetchPolicy {
                 cache_dir: std::env::temp_dir(),
                 offline: false,

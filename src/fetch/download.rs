@@ -4,10 +4,11 @@
 use std::fs::{self, File};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::Digest;
 
+use super::attempt::{Deadline, Transient, fatal, too_large, transient};
 use super::client::is_certificate_error;
 use super::stream::{Progress, StreamBounds, open_partial, stream};
 use super::{
@@ -17,48 +18,13 @@ use super::{
 use crate::error::{Error, Failure, Result};
 use crate::report::Reason;
 
-/// When a fetch must have ended.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Deadline {
-    at: Instant,
-    total: Duration,
-}
-
-impl Deadline {
-    fn new(total: Duration) -> Self {
-        Deadline {
-            at: Instant::now() + total,
-            total,
-        }
-    }
-
-    pub(super) fn passed(&self) -> bool {
-        Instant::now() >= self.at
-    }
-
-    fn left(&self) -> Duration {
-        self.at.saturating_duration_since(Instant::now())
-    }
-
-    pub(super) fn error(&self, url: &str, got: u64) -> Error {
-        Error::new(
-            Failure::DownloadFailed,
-            format!(
-                "{url}: the download deadline of {} s passed after {got} bytes",
-                self.total.as_secs()
-            ),
-        )
-        .with_hint("raise --download-timeout for a slow network, or add a closer --mirror")
-    }
-}
-
 /// Fetches the request into `<cache_dir>/<sha256>`, verified: a cache hit
 /// when the file is there and verifies, else from the first source that
 /// delivers the expected bytes.
 pub fn fetch(policy: &FetchPolicy, req: &FetchRequest) -> Result<Fetched, FetchError> {
     let slot = Slot::new(policy, &req.sha256)?;
     // Two installers on one node must not write the same partial file.
-    let _lock = crate::files::lock(&slot.lock, Failure::DownloadFailed)?;
+    let _lock = crate::lock::lock(&slot.lock, Failure::DownloadFailed)?;
     if let Some(hit) = cached(&slot.final_path, &slot.sha)? {
         return Ok(hit);
     }
@@ -198,7 +164,7 @@ fn cached(final_path: &Path, sha: &str) -> Result<Option<Fetched>> {
     if !final_path.exists() {
         return Ok(None);
     }
-    let (got, size) = crate::files::sha256_file(final_path, Failure::DownloadFailed)?;
+    let (got, size) = crate::digest::sha256_file(final_path, Failure::DownloadFailed)?;
     if got != sha {
         tracing::warn!(
             "cached {} has sha256 {got}, not {sha}; deleting it",
@@ -311,19 +277,6 @@ fn fetch_from(
     }
 }
 
-pub(super) struct Transient {
-    pub(super) error: Error,
-    pub(super) retryable: bool,
-    pub(super) retry_after: Option<Duration>,
-}
-
-pub(super) fn transient(msg: String, retryable: bool) -> Transient {
-    Transient {
-        error: Error::new(Failure::DownloadFailed, msg),
-        retryable,
-        retry_after: None,
-    }
-}
 /// our Range, starts over on 200.
 fn download_once(
     agent: &reqwest::blocking::Client,
@@ -378,27 +331,6 @@ fn download_once(
     file.sync_all()
         .map_err(|e| fatal(Error::io(Failure::DownloadFailed, "syncing", partial, e)))?;
     Ok((hex::encode(hasher.finalize()), start + got))
-}
-
-/// A download over `--max-download-size`.
-pub(super) fn too_large(url: &str, what: &str, max: u64) -> Error {
-    Error::new(
-        Failure::UnsafeArchive,
-        format!(
-            "{url} {what}, more than the {} MiB a download may have; nothing of it was kept",
-            max >> 20
-        ),
-    )
-    .with_hint("a real driver package is under 1 GiB; check the URL, or raise --max-download-size")
-}
-
-/// A local failure: retrying the URL would not help.
-pub(super) fn fatal(error: Error) -> Transient {
-    Transient {
-        error,
-        retryable: false,
-        retry_after: None,
-    }
 }
 
 fn header(resp: &reqwest::blocking::Response, name: &str) -> Option<String> {

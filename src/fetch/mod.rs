@@ -10,6 +10,7 @@
 //! `fetch` step ([`fetch_package`]) turns a [`PackageRequest`] into a
 //! [`FetchResult`] document, finding the checksum and the mirrors' URLs.
 
+mod attempt;
 mod checksum;
 mod client;
 mod download;

@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 use std::fs;
 
+use crate::confined_fs::{HostFs, HostRootFs};
 use crate::error::{Error, Failure, Result};
-use crate::host::{self, HostRoot, PciRole};
-use crate::hostfs::{HostFs, HostRootFs};
+use crate::host_root::HostRoot;
+use crate::node::{self, PciRole};
 
 /// NVIDIA's fixed character major (`NV_MAJOR_DEVICE_NUMBER`).
 const NVIDIA_MAJOR: u32 = 195;
@@ -22,7 +23,7 @@ pub(super) type Node = (String, u32, u32);
 /// among them), with notes on what is missing.
 pub(super) fn wanted_nodes(root: &HostRoot, modeset: bool) -> Result<(Vec<Node>, Vec<String>)> {
     let devices = root.kernel_path("/proc/devices");
-    let majors = match host::read_optional(&devices)? {
+    let majors = match node::read_optional(&devices)? {
         Some(t) => parse_char_majors(&t)?,
         None => BTreeMap::new(),
     };
@@ -135,7 +136,7 @@ fn mig_cap_minors(root: &HostRoot) -> Result<Vec<u32>> {
     let mut minors = Vec::new();
     for cap in ["config", "monitor"] {
         let path = root.kernel_path(&format!("/proc/driver/nvidia/capabilities/mig/{cap}"));
-        if let Some(minor) = host::read_optional(&path)?
+        if let Some(minor) = node::read_optional(&path)?
             .as_deref()
             .and_then(parse_cap_minor)
         {
@@ -146,14 +147,14 @@ fn mig_cap_minors(root: &HostRoot) -> Result<Vec<u32>> {
 }
 
 fn nvswitch_count(root: &HostRoot) -> Result<usize> {
-    Ok(host::read_pci_devices(&host::pci_devices_dir(root))?
+    Ok(node::read_pci_devices(&node::pci_devices_dir(root))?
         .iter()
         .filter(|d| d.role() == PciRole::NvSwitch)
         .count())
 }
 
 fn gpu_count(root: &HostRoot) -> Result<usize> {
-    Ok(host::read_pci_devices(&host::pci_devices_dir(root))?
+    Ok(node::read_pci_devices(&node::pci_devices_dir(root))?
         .iter()
         .filter(|d| d.role() == PciRole::Gpu)
         .count())
@@ -166,13 +167,13 @@ fn gpu_count(root: &HostRoot) -> Result<usize> {
 pub(super) fn iommu_passthrough(root: &HostRoot) -> Result<Vec<String>> {
     let fs = root.fs()?;
     let mut notes = Vec::new();
-    for dev in host::read_pci_devices(&host::pci_devices_dir(root))? {
+    for dev in node::read_pci_devices(&node::pci_devices_dir(root))? {
         if dev.role() != PciRole::Gpu {
             continue;
         }
         let rel = format!("/sys/bus/pci/devices/{}/iommu_group/type", dev.address);
         let path = root.kernel_path(&rel);
-        let Some(current) = host::read_optional(&path)? else {
+        let Some(current) = node::read_optional(&path)? else {
             continue; // no IOMMU, or no group: nothing to switch
         };
         let current = current.trim().to_string();
@@ -310,7 +311,7 @@ mod iommu_tests {
     #[test]
     fn gpu_iommu_groups_go_to_passthrough_before_the_load() {
         let dir = host();
-        let root = HostRoot::new(dir.path(), host::HostRootSource::Flag);
+        let root = HostRoot::new(dir.path(), crate::host_root::HostRootSource::Flag);
         let notes = iommu_passthrough(&root).unwrap();
         assert_eq!(
             notes,

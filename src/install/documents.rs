@@ -7,9 +7,8 @@ use std::path::Path;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::services::{HostSystemd, Started};
 use super::{InstallOptions, UninstallOptions};
-use crate::host::ModuleFlavor;
+use crate::node::ModuleFlavor;
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 use crate::step::StepStatus;
 
@@ -269,21 +268,5 @@ pub(super) fn user_space_status(present: bool, host_dir: &Path, files: Vec<Strin
         ld_so_conf: None,
         ldconfig: None,
         run_nvidia_driver: None,
-    }
-}
-
-pub(super) fn service_state(
-    unit: &str,
-    unit_file: String,
-    how: HostSystemd,
-    started: &Started,
-) -> ServiceState {
-    ServiceState {
-        unit: unit.to_string(),
-        unit_file,
-        enabled: true,
-        started: (how != HostSystemd::Unreachable)
-            .then(|| started.commands.last().cloned())
-            .flatten(),
     }
 }

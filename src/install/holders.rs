@@ -7,7 +7,9 @@
 
 use std::path::Path;
 
-use crate::host::{self, HostRoot};
+use crate::host_root::HostRoot;
+
+use crate::node;
 
 /// One process holding an NVIDIA device file open.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +56,7 @@ fn holder(dir: &Path, pid: u32) -> Option<Holder> {
         .filter_map(|target| nvidia_device(&target.to_string_lossy()))
         .min()?;
     let text = |name: &str| {
-        host::read_optional(&dir.join(name))
+        node::read_optional(&dir.join(name))
             .ok()
             .flatten()
             .unwrap_or_default()
@@ -124,7 +126,7 @@ pub(super) fn describe(holders: &[Holder]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::HostRootSource;
+    use crate::host_root::HostRootSource;
 
     const UID: &str = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9";
 

@@ -15,8 +15,9 @@ use nix::kmod::{DeleteModuleFlags, ModuleInitFlags};
 
 use super::documents::{InstallStatus, ModuleAction};
 use crate::error::{Error, Failure, Result};
-use crate::host::{self, HostRoot};
+use crate::host_root::HostRoot;
 use crate::modinfo::ModInfo;
+use crate::node;
 
 /// NVIDIA's modules in load order; unloading goes the other way.
 pub(super) const NVIDIA_STACK: &[&str] = &[
@@ -29,7 +30,7 @@ pub(super) const NVIDIA_STACK: &[&str] = &[
 
 /// The `--module-params` file: small text, read bounded. It is named by a
 /// flag of a privileged Job, so its content is never quoted in a message.
-pub(super) const MODULE_PARAMS: crate::files::Named = crate::files::Named {
+pub(super) const MODULE_PARAMS: crate::named_file::Named = crate::named_file::Named {
     what: "the module parameters file (--module-params)",
     max: 64 << 10,
     reason: Failure::InvalidArgument,
@@ -106,7 +107,7 @@ pub(super) struct KernelModule {
     pub(super) used_by: Vec<String>,
 }
 
-/// Every module in `/proc/modules` (unlike [`crate::host::parse_proc_modules`],
+/// Every module in `/proc/modules` (unlike [`crate::node::parse_proc_modules`],
 /// which keeps only NVIDIA's and nouveau).
 pub(super) fn parse_all_modules(text: &str) -> Result<BTreeMap<String, KernelModule>> {
     use procfs::FromBufRead;
@@ -137,7 +138,7 @@ pub(super) fn parse_all_modules(text: &str) -> Result<BTreeMap<String, KernelMod
 
 pub(super) fn read_modules(root: &HostRoot) -> Result<BTreeMap<String, KernelModule>> {
     let path = root.kernel_path("/proc/modules");
-    match host::read_optional(&path)? {
+    match node::read_optional(&path)? {
         Some(text) => parse_all_modules(&text),
         None => Ok(BTreeMap::new()),
     }
@@ -206,7 +207,7 @@ pub(super) fn errno_text(e: Errno) -> String {
 /// What `/sys/module/<name>/version` (else `srcversion`) says.
 fn loaded_identity(root: &HostRoot, name: &str) -> (Option<String>, Option<String>) {
     let read = |f: &str| {
-        host::read_optional(&root.kernel_path(&format!("/sys/module/{name}/{f}")))
+        node::read_optional(&root.kernel_path(&format!("/sys/module/{name}/{f}")))
             .ok()
             .flatten()
             .map(|s| s.trim().to_string())

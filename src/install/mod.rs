@@ -57,7 +57,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Failure, Result};
-use crate::host::HostRoot;
+use crate::host_root::HostRoot;
 use crate::step::{self, StepStatus, Stopped};
 
 pub use documents::{
@@ -126,7 +126,7 @@ impl FabricManagerArchive {
                 ),
             )
         })?;
-        let (sha256, _) = crate::files::sha256_file(path, Failure::FabricManagerFailed)?;
+        let (sha256, _) = crate::digest::sha256_file(path, Failure::FabricManagerFailed)?;
         Ok(FabricManagerArchive {
             path: path.to_path_buf(),
             sha256,

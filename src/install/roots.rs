@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use super::documents::{FabricManagerState, InstallStatus};
 use super::{DRIVERS_DIR, FabricManagerArchive, LOCAL_IO};
 use crate::artifact::Manifest;
+use crate::confined_fs::{HostFs, Kind as FsKind};
 use crate::error::{Error, Failure, Result};
-use crate::host::HostRoot;
-use crate::hostfs::{HostFs, Kind as FsKind};
+use crate::host_root::HostRoot;
 
 /// The name prefix of the directory an artifact is unpacked into.
 const STAGING_PREFIX: &str = ".staging-";
@@ -105,7 +105,7 @@ fn root_intact(dir: &Path, manifest: &Manifest) -> bool {
         .into_iter()
         .filter(|e| !e.file.starts_with("firmware/"))
         .all(|e| {
-            crate::files::sha256_file(&dir.join(e.file), LOCAL_IO)
+            crate::digest::sha256_file(&dir.join(e.file), LOCAL_IO)
                 .is_ok_and(|(sum, _)| sum.eq_ignore_ascii_case(e.sha256))
         })
 }
@@ -236,7 +236,7 @@ pub(super) fn open_staging(fs: &HostFs) -> Result<Staging<'_>> {
 /// start of the manifest's sha256, so that another artifact is another
 /// root.
 pub(super) fn root_name(staging: &Staging, manifest: &Manifest, release: &str) -> Result<String> {
-    let manifest_sum = crate::files::sha256_file(&staging.path.join("manifest.json"), LOCAL_IO)
+    let manifest_sum = crate::digest::sha256_file(&staging.path.join("manifest.json"), LOCAL_IO)
         .map(|(sum, _)| sum)
         .map_err(|e| Error::new(Failure::ArtifactInvalid, e.to_string()))?;
     Ok(format!(

@@ -9,11 +9,11 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use super::documents::{InstallStatus, service_state};
+use super::documents::{InstallStatus, ServiceState};
+use crate::confined_fs::HostFs;
 use crate::error::{Error, Failure, Result};
 use crate::fabric::{CURRENT_ROOT, FM_BINARY, FM_CONFIG, PERSISTENCED_BINARY};
-use crate::host::{HostRoot, HostRootSource};
-use crate::hostfs::HostFs;
+use crate::host_root::{HostRoot, HostRootSource};
 
 const FABRIC_MANAGER_UNIT: &str = "nvidia-fabricmanager.service";
 const PERSISTENCED_UNIT: &str = "nvidia-persistenced.service";
@@ -289,7 +289,7 @@ pub(super) fn stop_ours(fs: &HostFs, how: HostSystemd) -> Vec<String> {
 /// none or it cannot be read.
 fn config_log_tail(root: &HostRoot, config: &str) -> Option<String> {
     let log = crate::fabric::config_value(config, "LOG_FILE_NAME")?;
-    let bytes = crate::host::read_host_file(&root.resolve(&log)?).ok()??;
+    let bytes = crate::node::read_host_file(&root.resolve(&log)?).ok()??;
     let text = String::from_utf8_lossy(&bytes);
     Some(format!("{log}: {}", tail_text(&text)))
 }
@@ -359,6 +359,23 @@ fn start_persistenced(fs: &HostFs, how: HostSystemd, restart: bool, st: &mut Ins
             .services
             .push(service_state(PERSISTENCED_UNIT, f, how, &started)),
         Err(e) => st.notes.push(format!("nvidia-persistenced: {}", e)),
+    }
+}
+
+/// The result's account of one unit: written, enabled, and how it was started.
+pub(super) fn service_state(
+    unit: &str,
+    unit_file: String,
+    how: HostSystemd,
+    started: &Started,
+) -> ServiceState {
+    ServiceState {
+        unit: unit.to_string(),
+        unit_file,
+        enabled: true,
+        started: (how != HostSystemd::Unreachable)
+            .then(|| started.commands.last().cloned())
+            .flatten(),
     }
 }
 

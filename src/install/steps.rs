@@ -15,11 +15,12 @@ use super::{
     InstallOptions, LOCAL_IO, LOCK_PATH, UninstallOptions, check_root, devices, holders, services,
 };
 use crate::artifact::{self, Manifest};
+use crate::confined_fs::{HostFs, HostRootFs};
 use crate::error::Success;
 use crate::error::{Error, Failure, Result};
-use crate::host::{self, HostRoot};
-use crate::hostfs::{HostFs, HostRootFs};
+use crate::host_root::HostRoot;
 use crate::modinfo::{self, ModInfo};
+use crate::node;
 use crate::step::Done;
 
 /// What every step of one install reads.
@@ -55,7 +56,7 @@ struct Placed {
     real_dir: PathBuf,
     has_user_space: bool,
     /// Who signed the modules (the manifest's `signer`), for a refusal.
-    signer: Option<host::Signer>,
+    signer: Option<node::Signer>,
 }
 
 /// The steps, in order; the first failure ends the install. Each step
@@ -94,7 +95,7 @@ fn prepare<'a>(opts: &'a InstallOptions<'a>, st: &mut InstallStatus) -> Result<R
     let root = opts.root;
     let release = match &opts.kernel_release {
         Some(r) => r.clone(),
-        None => host::read_kernel_release(root)?,
+        None => node::read_kernel_release(root)?,
     };
     st.kernel_release = Some(release.clone());
     let given = match &opts.module_params {
@@ -176,7 +177,7 @@ fn check_vermagic(
 /// signature, before anything is placed or loaded: the kernel would refuse
 /// an unsigned one with the same `EKEYREJECTED` as a wrong key.
 fn check_signatures(run: &Run, staging: &Staging, all: &[Selected]) -> Result<()> {
-    let policy = host::SignaturePolicy::read(run.root)?;
+    let policy = node::SignaturePolicy::read(run.root)?;
     if policy.required() != Some(true) {
         return Ok(());
     }
@@ -479,7 +480,7 @@ fn refusal_error(
     path: &Path,
     refusal: &kmod::Refusal,
     signed: bool,
-    signer: Option<&host::Signer>,
+    signer: Option<&node::Signer>,
 ) -> Error {
     use nix::errno::Errno;
     let kernel = if refusal.kernel_log.is_empty() {

@@ -5,7 +5,7 @@ use super::{FlavorChoice, OPEN_DEFAULT_FROM_BRANCH};
 use crate::catalog::{Architecture, FlavorRule};
 use crate::detect::Gpu;
 use crate::error::{Error, Failure, Result};
-use crate::host::ModuleFlavor;
+use crate::node::ModuleFlavor;
 
 /// Open for Turing and newer with drivers from 560 on, proprietary otherwise;
 /// open is refused for GPUs that cannot use it (Volta and older), and

@@ -8,7 +8,8 @@ use crate::catalog::{self, Architecture, Catalog};
 use crate::detect::{self, DetectOptions, Gpu, HostReport};
 use crate::error::{Error, Failure, Result, Success};
 use crate::headers::installed_headers;
-use crate::host::{self, CpuArch, HostRoot, KernelVersion, ModuleFlavor};
+use crate::host_root::HostRoot;
+use crate::node::{self, CpuArch, KernelVersion, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 use crate::step::{self, Done, StepStatus, Stopped};
 
@@ -102,7 +103,7 @@ pub struct PlanStatus {
     #[serde(flatten)]
     pub outcome: Outcome,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub os: Option<host::OsInfo>,
+    pub os: Option<node::OsInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_release: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -267,7 +268,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
     let (os, release, kernel) = detected_target(report)?;
     let arch = match report.status.arch {
         Some(a) => a,
-        None => crate::host::running_arch()?,
+        None => crate::node::running_arch()?,
     };
     st.arch = Some(arch);
     let signing_warning = secure_boot_warning(report);
@@ -321,7 +322,7 @@ fn plan(st: &mut PlanStatus, report: &HostReport, opts: &ResolveOptions) -> Resu
 }
 
 /// The OS, kernel release and its version that detect reported.
-fn detected_target(report: &HostReport) -> Result<(&host::OsInfo, String, KernelVersion)> {
+fn detected_target(report: &HostReport) -> Result<(&node::OsInfo, String, KernelVersion)> {
     let os = report
         .status
         .os
@@ -364,7 +365,7 @@ fn refuse_excluded(
 }
 
 /// Module parameters for these GPU families, IOMMU passthrough for the OS.
-fn plan_tuning(st: &mut PlanStatus, cat: &Catalog, os: &host::OsInfo, families: &[&str]) {
+fn plan_tuning(st: &mut PlanStatus, cat: &Catalog, os: &node::OsInfo, families: &[&str]) {
     st.module_params = cat
         .module_params_for(families)
         .into_iter()
@@ -432,7 +433,7 @@ fn choose_version(
 ) -> Result<(String, VersionSource)> {
     let cat = opts.catalog;
     Ok(match &opts.driver_version {
-        Some(v) if host::is_driver_version(v) => (v.clone(), VersionSource::Flag),
+        Some(v) if node::is_driver_version(v) => (v.clone(), VersionSource::Flag),
         Some(v) if is_branch(v) => (branch_version(cat, v, arch)?, VersionSource::Flag),
         Some(v) => {
             return Err(Error::new(
@@ -465,7 +466,7 @@ fn is_branch(v: &str) -> bool {
 fn secure_boot_warning(report: &HostReport) -> Option<String> {
     let st = &report.status;
     let required = st.module_signatures_required == Some(true)
-        || st.secure_boot == Some(host::SecureBoot::Enabled);
+        || st.secure_boot == Some(node::SecureBoot::Enabled);
     required.then(|| {
         "Secure Boot is enabled (or the kernel is locked down): it loads only signed modules. Build with --signing-key and --signing-cert (the operator: spec.build.signingSecretName) and enroll that certificate on the node (mokutil --import); an unsigned artifact is refused with ModuleSignatureRequired before anything is loaded, one signed with a key the node does not trust fails with ModuleKeyRejected".to_string()
     })
@@ -646,7 +647,7 @@ fn branch_bounds(a: &Architecture) -> String {
 pub fn find_headers(
     root: &HostRoot,
     cat: &Catalog,
-    os: &host::OsInfo,
+    os: &node::OsInfo,
     release: &str,
     kernel: KernelVersion,
 ) -> Result<Headers> {

@@ -1,15 +1,13 @@
 //! `prebuild`: resolve → fetch → build for a target given on the command
 //! line instead of a detected host, and the artifact stored in the cache.
 
-use super::{
-    BuiltArtifact, Config, PrebuildTarget, RunResult, RunSpec, Steps, build_step, fetch_step,
-    look_up_first, resolve_with,
-};
+use super::steps::{build_step, fetch_step, look_up_first, resolve_with};
+use super::{BuiltArtifact, Config, PrebuildTarget, RunResult, RunSpec, Steps};
 use crate::build::BuildResult;
 use crate::catalog::Catalog;
 use crate::detect::{self, HostReport};
 use crate::error::{Error, Failure, Result, Success};
-use crate::host::CpuArch;
+use crate::node::CpuArch;
 use crate::report::{Kind, Reason};
 use crate::resolve::{FlavorChoice, InstallPlan};
 use crate::step::Done;
@@ -199,7 +197,8 @@ mod tests {
 
     use super::*;
     use crate::build::{self, BuildOptions};
-    use crate::host::{HostRoot, HostRootSource, ModuleFlavor};
+    use crate::host_root::{HostRoot, HostRootSource};
+    use crate::node::ModuleFlavor;
     use crate::resolve;
 
     /// The plan `prebuild` makes for a target, on an empty root (headers

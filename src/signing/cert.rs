@@ -8,8 +8,8 @@ use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::error::{Error, Failure, Result};
-use crate::files::Named;
-use crate::host::Signer;
+use crate::named_file::Named;
+use crate::node::Signer;
 
 /// A certificate is one or two KiB; a chain or a CA bundle would not be
 /// what sign-file expects either.
@@ -63,7 +63,7 @@ pub fn parse_certificate(bytes: &[u8], origin: &str) -> Result<(Vec<u8>, Signer)
 
 /// Writes the certificate's DER to `out` (temporary file, then rename).
 pub fn write_der(der: &[u8], out: &Path) -> Result<()> {
-    crate::files::write_atomic(out, der, 0o644, Failure::InvalidArgument)
+    crate::publish::write_atomic(out, der, 0o644, Failure::InvalidArgument)
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ pub use modsig::{MAGIC, ModSig, is_signed_file, parse_modsig};
 pub use sign::{SignFile, find_sign_file, module_sig_hash, parse_module_sig_hash};
 
 use crate::error::{Error, Failure, Result};
-use crate::host::Signer;
+use crate::node::Signer;
 
 /// `--signing-key` and `--signing-cert`: files, as a Kubernetes Secret
 /// mounts them (`tls.key`, `tls.crt`).

@@ -4,9 +4,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::host::{
-    CpuArch, HostRootSource, LoadedDriver, LoadedModule, Lockdown, OsInfo, SecureBoot,
-};
+use crate::host_root::HostRootSource;
+use crate::node::{CpuArch, LoadedDriver, LoadedModule, Lockdown, OsInfo, SecureBoot};
 use crate::report::{Document, Outcome, Reason, StatusOutcome};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -6,9 +6,10 @@
 //! exporter depend on this crate; it depends on none of them.
 
 pub mod detect;
-pub mod host;
+pub mod host_root;
 pub mod layout;
 pub mod logging;
+pub mod node;
 pub mod reason;
 pub mod redact;
 pub mod report;

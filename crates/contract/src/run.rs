@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::host::{CpuArch, ModuleFlavor};
+use crate::node::{CpuArch, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Phase, Reason, StatusOutcome};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use gpu_driver_contract::host::HostRoot;
+use gpu_driver_contract::host_root::HostRoot;
 
 /// A process's pod UID and, when it is in a container's cgroup, the
 /// container ID.
@@ -191,7 +191,10 @@ mod tests {
     #[test]
     fn reads_under_the_host_root() {
         let dir = tempfile::tempdir().unwrap();
-        let root = HostRoot::new(dir.path(), gpu_driver_contract::host::HostRootSource::Flag);
+        let root = HostRoot::new(
+            dir.path(),
+            gpu_driver_contract::host_root::HostRootSource::Flag,
+        );
         std::fs::create_dir_all(dir.path().join("proc/4242")).unwrap();
         std::fs::write(cgroup_file(&root, 4242), FIXTURES[0].0).unwrap();
         let got = read(&root, 4242).ok().flatten().map(|p| p.pod_uid);

@@ -12,7 +12,7 @@ use clap::Parser;
 
 use crate::scrape::{Config, Scraper};
 use crate::{podresources, server};
-use gpu_driver_contract::host::{HostRoot, HostRootSource};
+use gpu_driver_contract::host_root::{HostRoot, HostRootSource};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::metrics::ContainerRef;
-use gpu_driver_contract::host::HostRoot;
+use gpu_driver_contract::host_root::HostRoot;
 
 /// The kubelet's link directory, relative to the host root.
 pub const LOG_LINKS_DIR: &str = "/var/log/containers";

@@ -27,7 +27,7 @@ use crate::metrics::{
     DriverInfo, GpuReading, Health, Memory, MigReading, ProcessReading, XidCount,
 };
 use crate::nvml_ffi;
-use gpu_driver_contract::host::HostRoot;
+use gpu_driver_contract::host_root::HostRoot;
 
 /// NVML's soname: what the driver installs and the NVIDIA container
 /// toolkit injects into containers.
@@ -557,7 +557,7 @@ fn processes(dev: &Device, gpu: u32) -> Vec<ProcessReading> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_driver_contract::host::HostRootSource;
+    use gpu_driver_contract::host_root::HostRootSource;
 
     #[test]
     fn mig_profiles_come_from_the_device_name() {

@@ -13,7 +13,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Endpoint, Uri};
 
 use crate::metrics::{Allocation, ContainerRef};
-use gpu_driver_contract::host::HostRoot;
+use gpu_driver_contract::host_root::HostRoot;
 
 /// Generated from the vendored proto (package `v1`).
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::metrics::{self, GpuReading, Health, ProcessOwner, Snapshot};
 use crate::nvml::{self, Collected, NvmlConfig};
 use crate::{cgroup, containers, podresources};
-use gpu_driver_contract::host::HostRoot;
+use gpu_driver_contract::host_root::HostRoot;
 
 /// How long a scrape waits for the kubelet; Prometheus' default scrape
 /// timeout is 10 s.

@@ -48,7 +48,7 @@ pub fn router(scraper: Arc<Scraper>) -> Router {
 mod tests {
     use super::*;
     use crate::scrape::Config;
-    use gpu_driver_contract::host::{HostRoot, HostRootSource};
+    use gpu_driver_contract::host_root::{HostRoot, HostRootSource};
     use gpu_driver_serve::{METRICS_CONTENT_TYPE, ask};
     use tokio::net::TcpListener;
 

@@ -265,7 +265,7 @@ pub(crate) fn run_result(reason: Reason, installed: bool) -> RunResult {
     if installed {
         status.installed = Some(Installed {
             driver_version: Some("580.95.05".into()),
-            flavor: Some(gpu_driver_contract::host::ModuleFlavor::Open),
+            flavor: Some(gpu_driver_contract::node::ModuleFlavor::Open),
             kernel_release: Some("6.6.63-cloud-amd64".into()),
         });
     }

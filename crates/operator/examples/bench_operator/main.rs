@@ -108,7 +108,7 @@ fn success_message(version: &str) -> String {
     ));
     status.installed = Some(Installed {
         driver_version: Some(version.into()),
-        flavor: Some(gpu_driver_contract::host::ModuleFlavor::Open),
+        flavor: Some(gpu_driver_contract::node::ModuleFlavor::Open),
         kernel_release: Some("6.6.63-cloud-amd64".into()),
     });
     let spec = RunSpec {

@@ -31,7 +31,7 @@ use nix::sys::stat::{self, FchmodatFlags, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
 use crate::error::{Error, Failure, Result};
-use crate::host::{HostRoot, components};
+use crate::host_root::{HostRoot, components};
 
 /// Failures to change the host's files are the installer's own (there is
 /// no host-write reason); a full disk still becomes `InsufficientDisk`
@@ -347,7 +347,7 @@ impl HostFs {
             Mode::from_bits_truncate(0o644),
         )
         .map_err(|e| self.err("opening lock", rel, e))?;
-        crate::files::lock_file(File::from(fd), &self.shown(rel), REASON)
+        crate::lock::lock_file(File::from(fd), &self.shown(rel), REASON)
     }
 
     /// Creates the directory `rel` confined, then returns its real path:
@@ -595,7 +595,7 @@ fn remove_at(dir: &impl AsFd, name: &OsStr) -> std::result::Result<(), (PathBuf,
 }
 
 /// Makes a rename or creation in `dir` durable; best effort, like
-/// [`crate::files::sync_dir`].
+/// [`crate::publish::sync_dir`].
 fn sync(dir: &OwnedFd) {
     // An O_PATH handle cannot be fsynced; "." through it can.
     if let Ok(fd) = fcntl::openat(

@@ -2,7 +2,7 @@
 //! host roots.
 
 use super::*;
-use crate::host::HostRootSource;
+use crate::host_root::HostRootSource;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt, symlink};
 

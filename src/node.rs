@@ -1,6 +1,7 @@
-//! Everything read from the host goes through [`HostRoot`]: the installer may
-//! run on the node itself (`/`), in a pod with the host mounted at `/host`, or
-//! in a hostPID pod that reaches the host through `/proc/1/root`.
+//! The node's state, read through the host root ([`HostRoot`]):
+//! os-release, kernel release, boot id, PCI devices, loaded modules and
+//! driver, Secure Boot, lockdown and the module signature policy. The
+//! types the documents carry are the contract's, re-exported here.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -11,9 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Failure, Result};
 
-pub use gpu_driver_contract::host::{
-    CpuArch, HostRoot, HostRootSource, LoadedDriver, LoadedModule, Lockdown, ModuleFlavor,
-    OS_RELEASE_PATHS, OsInfo, SecureBoot, Signer, components, pid1_is_foreign,
+use crate::host_root::{HostRoot, OS_RELEASE_PATHS};
+
+pub use gpu_driver_contract::node::{
+    CpuArch, LoadedDriver, LoadedModule, Lockdown, ModuleFlavor, OsInfo, SecureBoot, Signer,
 };
 
 /// The most a host file the installer reads may hold: os-release and the
@@ -21,14 +23,14 @@ pub use gpu_driver_contract::host::{
 pub const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
 
 /// How host files are read: small, regular files only.
-const HOST_FILE: crate::files::Named = crate::files::Named {
+const HOST_FILE: crate::named_file::Named = crate::named_file::Named {
     what: "host file",
     max: MAX_HOST_FILE_BYTES,
     reason: Failure::HostReadFailed,
     hint: "the host root's os-release, /proc and /sys files must be the real ones; check --host-root",
 };
 
-/// Reads a small host file ([`crate::files::Named::read_optional`]): a
+/// Reads a small host file ([`crate::named_file::Named::read_optional`]): a
 /// regular file only, at most [`MAX_HOST_FILE_BYTES`]; `Ok(None)` when it
 /// does not exist.
 pub fn read_host_file(path: &Path) -> Result<Option<Vec<u8>>> {
@@ -541,6 +543,7 @@ impl SignaturePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host_root::{HostRootSource, pid1_is_foreign};
 
     #[test]
     fn the_secure_boot_variable_is_under_efis_global_variable_guid() {
