@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod apt;
 mod cache;
 mod cmd;
+mod e2e;
 mod go;
 mod jail;
 mod pipeline;
@@ -48,6 +49,15 @@ enum Command {
         bin: String,
         #[arg(value_enum, default_value = "x86-64")]
         arch: static_build::Arch,
+    },
+    /// The main job end to end, no GPU needed: a builder root, `build` of
+    /// NVIDIA's open modules in it, a VM boot of their kernel and `install`
+    /// there, every result checked (scripts/e2e).
+    E2e {
+        /// Where the artifact, its modules and the VM's console go
+        /// (default target/e2e).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Prints the cache root.
     CacheRoot,
@@ -122,6 +132,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             println!("{}", paths[i].display());
             Ok(())
         }
+        Command::E2e { out } => e2e::run_all(&repo, out),
         Command::CacheRoot => {
             println!("{}", cache::Cache::resolve()?.root().display());
             Ok(())
