@@ -11,6 +11,9 @@ mod plan;
 mod targets;
 mod upgrade;
 
+#[cfg(test)]
+mod fixtures;
+
 pub use marks::Marks;
 pub(crate) use marks::{STARTUP_TAINT_EFFECT, marks};
 pub use naming::{JobRole, desired_key};
@@ -32,71 +35,13 @@ pub use upgrade::{UpgradeState, max_unavailable};
 
 #[cfg(test)]
 mod tests {
+    use super::fixtures::{gl_node, installed, spec};
     use super::naming::job_name;
     use super::node::{OsImage, version_matches};
     use super::*;
-    use crate::crd::{BuilderImage, DriverPolicy, Flavor, GpuDetection, GpuDriverSpec};
+    use crate::crd::Flavor;
     use crate::keys;
     use std::collections::BTreeMap;
-
-    pub(super) fn spec() -> GpuDriverSpec {
-        GpuDriverSpec {
-            node_selector: BTreeMap::new(),
-            gpu_detection: GpuDetection::default(),
-            driver: DriverPolicy::default(),
-            builder_images: vec![
-                BuilderImage {
-                    image: "builder:default".into(),
-                    ..Default::default()
-                },
-                BuilderImage {
-                    garden_linux_version: Some("1592".into()),
-                    image: "kmodbuild:{gardenLinuxVersion}".into(),
-                    ..Default::default()
-                },
-                BuilderImage {
-                    garden_linux_version: Some("1592.4".into()),
-                    image: "kmodbuild:1592.4-special".into(),
-                    ..Default::default()
-                },
-                BuilderImage {
-                    kernel_release: Some("6.6.63-cloud-*".into()),
-                    image: "k:prefix".into(),
-                    ..Default::default()
-                },
-                BuilderImage {
-                    debian_version: Some("12".into()),
-                    image: "debian-builder:{debianVersion}-{kernelRelease}".into(),
-                    ..Default::default()
-                },
-            ],
-            installer_image: "installer:1".into(),
-            cache: None,
-            max_parallel: 20,
-            tolerations: vec![],
-            image_pull_secrets: vec![],
-            startup_taint: Some("gpu-driver.gardenlinux.io/not-ready".into()),
-            job: Default::default(),
-            extra_args: vec![],
-            pod_annotations: BTreeMap::new(),
-            build: Default::default(),
-            prebuild: vec![],
-            upgrade_policy: Default::default(),
-        }
-    }
-
-    pub(super) fn gl_node(os: &str, kernel: &str) -> NodeFacts {
-        NodeFacts {
-            name: "node-a".into(),
-            kernel: kernel.into(),
-            os_image: os.into(),
-            boot_id: "boot-1".into(),
-            arch: "amd64".into(),
-            labels: [(keys::NFD_NVIDIA_LABEL.to_string(), "true".to_string())].into(),
-            annotations: BTreeMap::new(),
-            taints: vec![],
-        }
-    }
 
     #[test]
     fn os_images_parse() {
@@ -229,11 +174,6 @@ mod tests {
         let mut m = n.clone();
         m.labels.insert("x".into(), "y".into());
         assert_eq!(k, desired_key(&s4, &m));
-    }
-
-    pub(super) fn installed(n: &mut NodeFacts, key: &str) {
-        n.annotations.insert(keys::KEY.into(), key.into());
-        n.annotations.insert(keys::STATE.into(), "Installed".into());
     }
 
     #[test]

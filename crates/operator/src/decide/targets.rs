@@ -271,7 +271,7 @@ mod tests {
         assert!(kept.contains("k036") && !kept.contains("k004"), "{kept:?}");
     }
 
-    use crate::decide::tests::{gl_node, spec};
+    use crate::decide::fixtures::{gl_node, spec};
 
     #[test]
     fn targets_come_from_nodes_and_prebuild_entries_alike() {
@@ -332,8 +332,8 @@ mod tests {
         catalog.driver.catalog_config_map = Some("module-signing".into());
         assert_ne!(target_key(&catalog, &t), keys[1]);
         assert_eq!(
-            crate::decide::desired_key(&plain, &node),
-            crate::decide::desired_key(&signed, &node)
+            crate::decide::naming::desired_key(&plain, &node),
+            crate::decide::naming::desired_key(&signed, &node)
         );
     }
 

@@ -98,9 +98,8 @@ pub(crate) fn upgrade_started(node: &NodeFacts) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::desired_key;
-    use crate::decide::marks::tests::ready_node;
-    use crate::decide::tests::gl_node;
+    use crate::decide::fixtures::{gl_node, ready_node};
+    use crate::decide::naming::desired_key;
 
     #[test]
     fn only_a_policy_change_on_a_loaded_driver_is_an_upgrade() {

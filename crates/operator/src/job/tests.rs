@@ -470,6 +470,15 @@ fn install_jobs_never_see_the_signing_secret() {
     assert_eq!(signed, unsigned);
 }
 
+/// The keys of a pod's tolerations, in order.
+fn toleration_keys(p: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
+    p.tolerations
+        .iter()
+        .flatten()
+        .map(|t| t.key.clone().unwrap_or_default())
+        .collect()
+}
+
 #[test]
 fn build_jobs_stay_off_the_gpu_nodes_they_serve() {
     let mut g = gd_with_two_secrets();
@@ -530,23 +539,13 @@ fn build_jobs_stay_off_the_gpu_nodes_they_serve() {
     // On GPU nodes, the build tolerates the startup taint that waits
     // for it (a one-pool cluster would wait forever otherwise).
     g.spec.startup_taint = Some("gpu-driver.gardenlinux.io/driver-not-ready".into());
-    let keys: Vec<_> = pod(&g)
-        .tolerations
-        .iter()
-        .flatten()
-        .map(|t| t.key.clone().unwrap_or_default())
-        .collect();
+    let keys = toleration_keys(&pod(&g));
     assert_eq!(
         keys,
         ["build", "gpu-driver.gardenlinux.io/driver-not-ready"]
     );
     g.spec.build.allow_gpu_nodes = false;
-    let keys: Vec<_> = pod(&g)
-        .tolerations
-        .iter()
-        .flatten()
-        .map(|t| t.key.clone().unwrap_or_default())
-        .collect();
+    let keys = toleration_keys(&pod(&g));
     assert_eq!(
         keys,
         ["build"],
