@@ -8,12 +8,15 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod apt;
+mod bench;
 mod cache;
 mod cmd;
 mod e2e;
 mod go;
 mod jail;
+mod matrix_report;
 mod pipeline;
+mod pyjson;
 mod stages;
 mod static_build;
 mod tools;
@@ -61,6 +64,17 @@ enum Command {
     },
     /// Prints the cache root.
     CacheRoot,
+    /// scripts/matrix's records of each pair and its report (matrix.json,
+    /// matrix.md).
+    MatrixReport {
+        #[command(subcommand)]
+        cmd: matrix_report::Cmd,
+    },
+    /// The measuring and reporting halves of scripts/bench-*.
+    Bench {
+        #[command(subcommand)]
+        cmd: bench::Cmd,
+    },
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -137,5 +151,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             println!("{}", cache::Cache::resolve()?.root().display());
             Ok(())
         }
+        Command::MatrixReport { cmd } => matrix_report::run(cmd),
+        Command::Bench { cmd } => bench::run(cmd),
     }
 }
