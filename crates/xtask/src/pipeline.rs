@@ -464,7 +464,8 @@ fn matrix(
         .arg(keys.join("mok.key"))
         .arg("--signing-cert")
         .arg(keys.join("mok.crt"))
-        .env("MATRIX_OUT", target.join("matrix")))?;
+        .arg("--out")
+        .arg(target.join("matrix")))?;
     let out = std::fs::canonicalize(roots.join("bookworm"))?.join("matrix-out/bookworm-open");
     let artifact = std::fs::read_dir(&out)?
         .filter_map(|e| e.ok().map(|e| e.path()))
