@@ -1,6 +1,6 @@
 //! The one integration-test binary: every crate of the workspace is linked
 //! once, and the arrange code lives in [`support`]. Modules by subject;
-//! `cargo test --test it MODULE::` runs one of them.
+//! `cargo test -p gpu-driver-tests --test it MODULE::` runs one of them.
 
 mod support;
 
@@ -14,6 +14,7 @@ mod cli;
 mod cluster;
 mod cuda;
 mod device_plugin;
+mod docs;
 mod exporter;
 mod extract;
 mod fetch;

@@ -116,58 +116,9 @@ fn binary_detects_gpus_by_job_serves_metrics_and_yields_the_lease() {
         std::thread::sleep(Duration::from_millis(300));
     }
 
-    // Detect Jobs ran the installer image unprivileged; only det-gpu got an
-    // install Job.
-    let jobs = get_json(&c, &["jobs", "-n", NS]);
-    let mut seen = Vec::new();
-    for j in jobs["items"].as_array().unwrap() {
-        let role = j["metadata"]["labels"][keys::ROLE_LABEL].as_str().unwrap();
-        let pod = &j["spec"]["template"]["spec"];
-        let node = pod["nodeName"].as_str().unwrap();
-        if role == "detect" {
-            assert_eq!(pod["containers"][0]["image"], "gpu-driver-installer:test");
-            assert_ne!(
-                pod["containers"][0]["securityContext"]["privileged"], true,
-                "{pod}"
-            );
-        }
-        seen.push(format!("{role}/{node}"));
-    }
-    seen.sort();
-    assert_eq!(
-        seen,
-        ["detect/det-cpu", "detect/det-gpu", "install/det-gpu"],
-        "{jobs}"
-    );
+    assert_detect_jobs(&c);
 
-    // /metrics and /healthz over HTTP, as Prometheus and the kubelet see them.
-    // reqwest finds no crypto provider of its own: install ring, as the
-    // installer does, whether or not another test in this binary did first.
-    gpu_driver_installer::tls::init();
-    let agent = reqwest::blocking::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap();
-    let metrics = agent
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    for want in [
-        "gpu_driver_installs_total{result=\"succeeded\"} 1",
-        "gpu_driver_is_leader 1",
-        "gpu_driver_install_duration_seconds_count 1",
-    ] {
-        assert!(metrics.contains(want), "{want} missing:\n{metrics}");
-    }
-    // What a Prometheus server scraping it reads, by Prometheus's parser.
-    assert!(crate::support::om::series(&metrics) >= 3, "{metrics}");
-    let health = agent
-        .get(format!("http://127.0.0.1:{port}/healthz"))
-        .send()
-        .unwrap();
-    assert_eq!(health.status(), 200);
+    assert_metrics_and_health(port);
 
     // Another instance takes the Lease: this one stops at its next renewal
     // (every 5 s) with an error, rather than act alongside it.
@@ -205,4 +156,64 @@ fn binary_detects_gpus_by_job_serves_metrics_and_yields_the_lease() {
         "{}",
         log_text()
     );
+}
+
+/// Detect Jobs ran the installer image unprivileged; only det-gpu got an
+/// install Job.
+fn assert_detect_jobs(c: &Cluster) {
+    // Detect Jobs ran the installer image unprivileged; only det-gpu got an
+    // install Job.
+    let jobs = get_json(c, &["jobs", "-n", NS]);
+    let mut seen = Vec::new();
+    for j in jobs["items"].as_array().unwrap() {
+        let role = j["metadata"]["labels"][keys::ROLE_LABEL].as_str().unwrap();
+        let pod = &j["spec"]["template"]["spec"];
+        let node = pod["nodeName"].as_str().unwrap();
+        if role == "detect" {
+            assert_eq!(pod["containers"][0]["image"], "gpu-driver-installer:test");
+            assert_ne!(
+                pod["containers"][0]["securityContext"]["privileged"], true,
+                "{pod}"
+            );
+        }
+        seen.push(format!("{role}/{node}"));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["detect/det-cpu", "detect/det-gpu", "install/det-gpu"],
+        "{jobs}"
+    );
+}
+
+/// /metrics and /healthz over HTTP, as Prometheus and the kubelet see them.
+fn assert_metrics_and_health(port: u16) {
+    // /metrics and /healthz over HTTP, as Prometheus and the kubelet see them.
+    // reqwest finds no crypto provider of its own: install ring, as the
+    // installer does, whether or not another test in this binary did first.
+    gpu_driver_installer::tls::init();
+    let agent = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let metrics = agent
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for want in [
+        "gpu_driver_installs_total{result=\"succeeded\"} 1",
+        "gpu_driver_is_leader 1",
+        "gpu_driver_install_duration_seconds_count 1",
+    ] {
+        assert!(metrics.contains(want), "{want} missing:\n{metrics}");
+    }
+    // What a Prometheus server scraping it reads, by Prometheus's parser.
+    assert!(crate::support::om::series(&metrics) >= 3, "{metrics}");
+    let health = agent
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .unwrap();
+    assert_eq!(health.status(), 200);
 }

@@ -84,62 +84,9 @@ fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
     let build = until("the prebuild's build Job", || {
         jobs_of(&c, "build").into_iter().next()
     });
-    let pod = &build["spec"]["template"]["spec"];
-    assert!(pod["nodeName"].is_null(), "{pod}");
-    assert_ne!(pod["hostPID"], true);
-    assert_eq!(pod["nodeSelector"]["kubernetes.io/arch"], "amd64");
-    for ctr in pod["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .chain(pod["initContainers"].as_array().unwrap())
-    {
-        assert_ne!(ctr["securityContext"]["privileged"], true, "{ctr}");
-        assert_eq!(ctr["securityContext"]["allowPrivilegeEscalation"], false);
-    }
-    assert!(
-        pod["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|v| v["hostPath"].is_null()),
-        "{pod}"
-    );
-    assert_eq!(secrets_of(&build), ["cache-writer"]);
-    let args = args_of(&build);
-    assert!(
-        args.contains("prebuild --os-id gardenlinux --os-version 1592.4 --kernel-release 6.6.70-cloud-amd64 --arch amd64"),
-        "{args}"
-    );
-    // Scheduled onto the CPU node by the real scheduler.
+    assert_unprivileged_build_job(&build);
     let sha_a = "a".repeat(64);
-    until("the build pod scheduled and answered", || {
-        (answer_role(
-            &c,
-            "build",
-            |_| true,
-            "0",
-            &build_result(&sha_a, "6.6.70-cloud-amd64"),
-        ) > 0)
-            .then_some(())
-    });
-    let pods = get_json(
-        &c,
-        &[
-            "pods",
-            "-n",
-            NS,
-            "-l",
-            &format!("{}=build", keys::ROLE_LABEL),
-        ],
-    );
-    assert_eq!(pods["items"][0]["spec"]["nodeName"], "cpu-1");
-    c.wait_for(
-        &["gpudriver", "bld"],
-        "{.status.targets[0].phase}",
-        "Cached",
-        WAIT,
-    );
+    answer_the_build_on_the_cpu_node(&c, &sha_a);
 
     // A node of the prebuilt target installs at once, with the digest.
     let mut n1: Value = serde_json::from_str(&node("bld-1", "bld", true, true)).unwrap();
@@ -177,53 +124,9 @@ fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
     );
     assert_eq!(jobs_of(&c, "build").len(), 1, "one build per target");
 
-    // A new kernel: its build Job first; the install waits for it.
-    c.apply(&node("bld-2", "bld", true, true));
-    until("bld-2's build Job", || {
-        (jobs_of(&c, "build").len() == 2).then_some(())
-    });
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(
-        install_job_of(&jobs_of(&c, "install"), "bld-2").is_none(),
-        "bld-2 must wait for its build"
-    );
-    let sha_b = "b".repeat(64);
-    let kernel_b = "6.6.63-cloud-amd64";
-    answer_role(
-        &c,
-        "build",
-        |p| p["metadata"]["annotations"][EXIT_CODE].is_null(),
-        "0",
-        &build_result(&sha_b, kernel_b),
-    );
-    let install2 = until("bld-2's install Job after its build", || {
-        install_job_of(&jobs_of(&c, "install"), "bld-2").cloned()
-    });
-    assert!(args_of(&install2).contains(&format!("--artifact-sha256 {sha_b}")));
+    assert_a_new_kernel_waits_for_its_build(&c);
 
-    // A failed build: the node compiles for itself (compileOnNode).
-    let mut n3: Value = serde_json::from_str(&node("bld-3", "bld", true, true)).unwrap();
-    n3["status"]["nodeInfo"]["kernelVersion"] = json!("6.6.80-cloud-amd64");
-    c.apply(&n3.to_string());
-    until("bld-3's build Job", || {
-        (jobs_of(&c, "build").len() == 3).then_some(())
-    });
-    let failed = run_result(Reason::BuildFailed, "make: *** [Makefile:42] Error 2");
-    until("bld-3's build failed", || {
-        (answer_role(&c, "build", |_| true, "13", &failed) > 0).then_some(())
-    });
-    let install3 = until("bld-3's install Job after the failed build", || {
-        install_job_of(&jobs_of(&c, "install"), "bld-3").cloned()
-    });
-    // No unpinned lookup because the build failed: the node compiles
-    // without the cache (no URL, no credentials).
-    let args = args_of(&install3);
-    assert!(
-        !args.contains("--cache") && !args.contains("--artifact-sha256"),
-        "{args}"
-    );
-    let pod = &install3["spec"]["template"]["spec"];
-    assert!(pod["containers"][0]["envFrom"].is_null(), "{pod}");
+    assert_a_failed_build_compiles_on_the_node(&c);
 
     // The nodes install; the status shows every target.
     let installed = run_result(Reason::Verified, "driver 580.95.05 verified");
@@ -251,8 +154,128 @@ fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
         by_kernel("6.6.70-cloud-amd64")["artifactSha256"],
         sha_a.as_str()
     );
-    assert_eq!(by_kernel(kernel_b)["phase"], "Cached");
+    assert_eq!(by_kernel(KERNEL_B)["phase"], "Cached");
     assert_eq!(by_kernel("6.6.80-cloud-amd64")["reason"], "BuildFailed");
     assert_eq!(by_kernel("6.6.70-cloud-amd64")["nodes"], 1);
     drop(op);
+}
+
+/// The build pod, scheduled onto the CPU node by the real scheduler,
+/// answers with the artifact; its target is then Cached.
+fn answer_the_build_on_the_cpu_node(c: &Cluster, sha_a: &str) {
+    until("the build pod scheduled and answered", || {
+        (answer_role(
+            c,
+            "build",
+            |_| true,
+            "0",
+            &build_result(sha_a, "6.6.70-cloud-amd64"),
+        ) > 0)
+            .then_some(())
+    });
+    let pods = get_json(
+        c,
+        &[
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            &format!("{}=build", keys::ROLE_LABEL),
+        ],
+    );
+    assert_eq!(pods["items"][0]["spec"]["nodeName"], "cpu-1");
+    c.wait_for(
+        &["gpudriver", "bld"],
+        "{.status.targets[0].phase}",
+        "Cached",
+        WAIT,
+    );
+}
+
+/// The prebuild target's build Job: unpinned, unprivileged, no host paths,
+/// the writer's secret only.
+fn assert_unprivileged_build_job(build: &Value) {
+    let pod = &build["spec"]["template"]["spec"];
+    assert!(pod["nodeName"].is_null(), "{pod}");
+    assert_ne!(pod["hostPID"], true);
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/arch"], "amd64");
+    for ctr in pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(pod["initContainers"].as_array().unwrap())
+    {
+        assert_ne!(ctr["securityContext"]["privileged"], true, "{ctr}");
+        assert_eq!(ctr["securityContext"]["allowPrivilegeEscalation"], false);
+    }
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["hostPath"].is_null()),
+        "{pod}"
+    );
+    assert_eq!(secrets_of(build), ["cache-writer"]);
+    let args = args_of(build);
+    assert!(
+        args.contains("prebuild --os-id gardenlinux --os-version 1592.4 --kernel-release 6.6.70-cloud-amd64 --arch amd64"),
+        "{args}"
+    );
+}
+
+/// The second node's kernel, built after the prebuild target's.
+const KERNEL_B: &str = "6.6.63-cloud-amd64";
+
+/// A new kernel: its build Job first; the install waits for it.
+fn assert_a_new_kernel_waits_for_its_build(c: &Cluster) {
+    // A new kernel: its build Job first; the install waits for it.
+    c.apply(&node("bld-2", "bld", true, true));
+    until("bld-2's build Job", || {
+        (jobs_of(c, "build").len() == 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        install_job_of(&jobs_of(c, "install"), "bld-2").is_none(),
+        "bld-2 must wait for its build"
+    );
+    let sha_b = "b".repeat(64);
+    answer_role(
+        c,
+        "build",
+        |p| p["metadata"]["annotations"][EXIT_CODE].is_null(),
+        "0",
+        &build_result(&sha_b, KERNEL_B),
+    );
+    let install2 = until("bld-2's install Job after its build", || {
+        install_job_of(&jobs_of(c, "install"), "bld-2").cloned()
+    });
+    assert!(args_of(&install2).contains(&format!("--artifact-sha256 {sha_b}")));
+}
+
+/// A failed build: the node compiles for itself (compileOnNode).
+fn assert_a_failed_build_compiles_on_the_node(c: &Cluster) {
+    // A failed build: the node compiles for itself (compileOnNode).
+    let mut n3: Value = serde_json::from_str(&node("bld-3", "bld", true, true)).unwrap();
+    n3["status"]["nodeInfo"]["kernelVersion"] = json!("6.6.80-cloud-amd64");
+    c.apply(&n3.to_string());
+    until("bld-3's build Job", || {
+        (jobs_of(c, "build").len() == 3).then_some(())
+    });
+    let failed = run_result(Reason::BuildFailed, "make: *** [Makefile:42] Error 2");
+    until("bld-3's build failed", || {
+        (answer_role(c, "build", |_| true, "13", &failed) > 0).then_some(())
+    });
+    let install3 = until("bld-3's install Job after the failed build", || {
+        install_job_of(&jobs_of(c, "install"), "bld-3").cloned()
+    });
+    // No unpinned lookup because the build failed: the node compiles
+    // without the cache (no URL, no credentials).
+    let args = args_of(&install3);
+    assert!(
+        !args.contains("--cache") && !args.contains("--artifact-sha256"),
+        "{args}"
+    );
+    let pod = &install3["spec"]["template"]["spec"];
+    assert!(pod["containers"][0]["envFrom"].is_null(), "{pod}");
 }

@@ -111,21 +111,7 @@ fn an_upgrade_pauses_the_gpu_operators_operands_and_restores_them() {
     c.apply(&gd.to_string());
     let nodes = ["co-1", "co-2", "co-3"];
     for n in nodes {
-        let mut node: Value = serde_json::from_str(&node(n, "co", true, true)).unwrap();
-        let labels = &mut node["metadata"]["labels"];
-        for o in [
-            "dcgm-exporter",
-            "gpu-feature-discovery",
-            "mig-manager",
-            "container-toolkit",
-        ] {
-            labels[deploy_label(o)] = json!("true");
-        }
-        if n == "co-2" {
-            // Set by hand: no MIG manager on this node.
-            labels[deploy_label("mig-manager")] = json!("false");
-        }
-        c.apply(&node.to_string());
+        apply_node_with_operands(&c, n);
     }
     c.kubectl(&["create", "namespace", GPU_OPERATOR_NS]);
     for (name, operand) in DAEMONSETS {
@@ -180,28 +166,7 @@ fn an_upgrade_pauses_the_gpu_operators_operands_and_restores_them() {
                 .filter(|j| j["metadata"]["annotations"][keys::NODE] == n)
                 .collect();
             if jobs.len() == 2 && !checked.contains(&n) {
-                // Its upgrade install Job exists: the holders left first.
-                let pods = operand_pods(&c, n);
-                for h in HOLDERS {
-                    assert!(
-                        !pods.contains_key(h),
-                        "{h} still on {n} when its install Job started: {pods:?}"
-                    );
-                }
-                assert!(pods.contains_key("nvidia-container-toolkit-daemonset"));
-                let labels = labels_of(&c, n);
-                assert_eq!(
-                    labels[deploy_label("dcgm-exporter")],
-                    "paused-for-driver-upgrade"
-                );
-                assert_eq!(
-                    labels[deploy_label("container-toolkit")],
-                    "true",
-                    "not paused"
-                );
-                if n == "co-2" {
-                    assert_eq!(labels[deploy_label("mig-manager")], "false");
-                }
+                assert_holders_left(&c, n);
                 checked.push(n);
                 answer_role(&c, "install", on_node(n), "0", &upgraded);
             }
@@ -224,22 +189,7 @@ fn an_upgrade_pauses_the_gpu_operators_operands_and_restores_them() {
     assert_eq!(checked.len(), 3, "{checked:?}");
 
     for n in nodes {
-        let labels = labels_of(&c, n);
-        for o in [
-            "dcgm-exporter",
-            "gpu-feature-discovery",
-            "container-toolkit",
-        ] {
-            assert_eq!(labels[deploy_label(o)], "true", "{n}: {o}");
-        }
-        let mig = if n == "co-2" { "false" } else { "true" };
-        assert_eq!(
-            labels[deploy_label("mig-manager")],
-            mig,
-            "{n}: kept as it was"
-        );
-        let a = &get_json(&c, &["node", n])["metadata"]["annotations"];
-        assert!(a[keys::PAUSED_OPERANDS].is_null(), "{n}: {a}");
+        assert_labels_restored(&c, n);
         let pods = until(&format!("every operand back on {n}"), || {
             let pods = operand_pods(&c, n);
             (pods.keys().map(String::as_str).collect::<Vec<_>>() == expected(n)).then_some(pods)
@@ -258,4 +208,71 @@ fn an_upgrade_pauses_the_gpu_operators_operands_and_restores_them() {
         .count();
     assert!(restarted >= 3, "{restarted} ToolkitRestarted events");
     drop(op);
+}
+
+/// After the roll: every label as it was before, nothing left paused.
+fn assert_labels_restored(c: &Cluster, n: &str) {
+    let labels = labels_of(c, n);
+    for o in [
+        "dcgm-exporter",
+        "gpu-feature-discovery",
+        "container-toolkit",
+    ] {
+        assert_eq!(labels[deploy_label(o)], "true", "{n}: {o}");
+    }
+    let mig = if n == "co-2" { "false" } else { "true" };
+    assert_eq!(
+        labels[deploy_label("mig-manager")],
+        mig,
+        "{n}: kept as it was"
+    );
+    let a = &get_json(c, &["node", n])["metadata"]["annotations"];
+    assert!(a[keys::PAUSED_OPERANDS].is_null(), "{n}: {a}");
+}
+
+/// A GPU node of the pool whose GPU Operator operands are all deployed
+/// (co-2 without the MIG manager, set by hand).
+fn apply_node_with_operands(c: &Cluster, n: &str) {
+    let mut node: Value = serde_json::from_str(&node(n, "co", true, true)).unwrap();
+    let labels = &mut node["metadata"]["labels"];
+    for o in [
+        "dcgm-exporter",
+        "gpu-feature-discovery",
+        "mig-manager",
+        "container-toolkit",
+    ] {
+        labels[deploy_label(o)] = json!("true");
+    }
+    if n == "co-2" {
+        // Set by hand: no MIG manager on this node.
+        labels[deploy_label("mig-manager")] = json!("false");
+    }
+    c.apply(&node.to_string());
+}
+
+/// Its upgrade install Job exists: the holders left first, their labels
+/// paused; the toolkit stays, as does a label set by hand.
+fn assert_holders_left(c: &Cluster, n: &str) {
+    // Its upgrade install Job exists: the holders left first.
+    let pods = operand_pods(c, n);
+    for h in HOLDERS {
+        assert!(
+            !pods.contains_key(h),
+            "{h} still on {n} when its install Job started: {pods:?}"
+        );
+    }
+    assert!(pods.contains_key("nvidia-container-toolkit-daemonset"));
+    let labels = labels_of(c, n);
+    assert_eq!(
+        labels[deploy_label("dcgm-exporter")],
+        "paused-for-driver-upgrade"
+    );
+    assert_eq!(
+        labels[deploy_label("container-toolkit")],
+        "true",
+        "not paused"
+    );
+    if n == "co-2" {
+        assert_eq!(labels[deploy_label("mig-manager")], "false");
+    }
 }

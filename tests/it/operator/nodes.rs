@@ -25,40 +25,7 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     let op = Running::start(&c);
 
     for n in ["ok-1", "ok-2"] {
-        wait_label(&c, n, keys::READY_LABEL, "true");
-        let node = get_json(&c, &["node", n]);
-        let a = &node["metadata"]["annotations"];
-        assert_eq!(a[keys::STATE], "Installed", "{a}");
-        assert_eq!(a[keys::DRIVER_VERSION], "580.95.05");
-        assert_eq!(a[keys::FLAVOR], "open");
-        assert_eq!(a[keys::KERNEL], "6.6.63-cloud-amd64");
-        assert_eq!(a[keys::BOOT_ID], "boot-1");
-        assert_eq!(a[keys::OS_IMAGE], "Garden Linux 1592.4");
-        assert!(a[keys::INSTALLED_AT].as_str().is_some());
-        // The startup taint is gone (ok-1 had it).
-        let taints = node["spec"]["taints"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        assert!(
-            !taints
-                .iter()
-                .any(|t| t["key"] == "gpu-driver.gardenlinux.io/driver-not-ready"),
-            "{taints:?}"
-        );
-        // The Job ran pinned to the node, in the builder image, owned.
-        let job_name = a[keys::JOB].as_str().unwrap();
-        let job = get_json(&c, &["job", job_name, "-n", NS]);
-        let pod = &job["spec"]["template"]["spec"];
-        assert_eq!(pod["nodeName"], n);
-        assert_eq!(pod["containers"][0]["image"], "kmodbuild:1592.4");
-        assert_eq!(
-            pod["initContainers"][0]["image"],
-            "gpu-driver-installer:test"
-        );
-        assert_eq!(pod["hostPID"], true);
-        assert_eq!(pod["automountServiceAccountToken"], false);
-        assert_eq!(job["metadata"]["ownerReferences"][0]["kind"], "GpuDriver");
+        assert_installed(&c, n);
     }
     // An Event says so.
     c.wait_for(
@@ -73,54 +40,7 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
         WAIT,
     );
 
-    // Failure: an Event, the failure on the node, never the ready label.
-    wait_annotation(&c, "bad-1", keys::STATE, "Failed");
-    let bad_node = get_json(&c, &["node", "bad-1"]);
-    let a = &bad_node["metadata"]["annotations"];
-    assert_eq!(a[keys::FAILURE_REASON], "KernelApiMismatch", "{a}");
-    assert_eq!(a[keys::FAILURES], "1");
-    assert!(
-        a[keys::FAILURE_MESSAGE]
-            .as_str()
-            .unwrap()
-            .contains("pci_resize_resource")
-    );
-    assert!(bad_node["metadata"]["labels"][keys::READY_LABEL].is_null());
-    assert!(a[keys::DRIVER_VERSION].is_null());
-    c.wait_for(
-        &[
-            "events.events.k8s.io",
-            "-A",
-            "--field-selector",
-            "regarding.name=bad-1,reason=InstallFailed",
-        ],
-        "{.items[0].type}",
-        "Warning",
-        WAIT,
-    );
-
-    // The node without a GPU got nothing.
-    let cpu = get_json(&c, &["node", "cpu-1"]);
-    assert!(
-        cpu["metadata"]["annotations"][keys::STATE].is_null(),
-        "{cpu}"
-    );
-    let jobs = get_json(&c, &["jobs", "-n", NS]);
-    let pinned: Vec<&str> = jobs["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["spec"]["template"]["spec"]["nodeName"].as_str().unwrap())
-        .collect();
-    assert!(!pinned.contains(&"cpu-1"), "{pinned:?}");
-    assert_eq!(pinned.len(), 3, "one Job per GPU node: {pinned:?}");
-
-    // The status counts them.
-    c.wait_for(&["gpudriver", "ok"], "{.status.readyNodes}", "2", WAIT);
-    c.wait_for(&["gpudriver", "bad"], "{.status.failedNodes}", "1", WAIT);
-    let st = get_json(&c, &["gpudriver", "ok"]);
-    assert_eq!(st["status"]["selectedNodes"], 3, "{st}");
-    assert_eq!(st["status"]["gpuNodes"], 2, "{st}");
+    assert_failed_and_gpu_less(&c);
 
     // Few writes: per installed node a Job, one node patch and one Event;
     // a GPU node that came without the startup taint (ok-2, bad-1) gets it
@@ -170,6 +90,66 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     );
     assert_eq!(writes("jobs"), 5);
 
+    assert_retries_back_off(&c);
+    drop(op);
+}
+
+/// The failed node, the node without a GPU, and the status counting them.
+fn assert_failed_and_gpu_less(c: &Cluster) {
+    // Failure: an Event, the failure on the node, never the ready label.
+    wait_annotation(c, "bad-1", keys::STATE, "Failed");
+    let bad_node = get_json(c, &["node", "bad-1"]);
+    let a = &bad_node["metadata"]["annotations"];
+    assert_eq!(a[keys::FAILURE_REASON], "KernelApiMismatch", "{a}");
+    assert_eq!(a[keys::FAILURES], "1");
+    assert!(
+        a[keys::FAILURE_MESSAGE]
+            .as_str()
+            .unwrap()
+            .contains("pci_resize_resource")
+    );
+    assert!(bad_node["metadata"]["labels"][keys::READY_LABEL].is_null());
+    assert!(a[keys::DRIVER_VERSION].is_null());
+    c.wait_for(
+        &[
+            "events.events.k8s.io",
+            "-A",
+            "--field-selector",
+            "regarding.name=bad-1,reason=InstallFailed",
+        ],
+        "{.items[0].type}",
+        "Warning",
+        WAIT,
+    );
+
+    // The node without a GPU got nothing.
+    let cpu = get_json(c, &["node", "cpu-1"]);
+    assert!(
+        cpu["metadata"]["annotations"][keys::STATE].is_null(),
+        "{cpu}"
+    );
+    let jobs = get_json(c, &["jobs", "-n", NS]);
+    let pinned: Vec<&str> = jobs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["spec"]["template"]["spec"]["nodeName"].as_str().unwrap())
+        .collect();
+    assert!(!pinned.contains(&"cpu-1"), "{pinned:?}");
+    assert_eq!(pinned.len(), 3, "one Job per GPU node: {pinned:?}");
+
+    // The status counts them.
+    c.wait_for(&["gpudriver", "ok"], "{.status.readyNodes}", "2", WAIT);
+    c.wait_for(&["gpudriver", "bad"], "{.status.failedNodes}", "1", WAIT);
+    let st = get_json(c, &["gpudriver", "ok"]);
+    assert_eq!(st["status"]["selectedNodes"], 3, "{st}");
+    assert_eq!(st["status"]["gpuNodes"], 2, "{st}");
+}
+
+/// Exponential backoff: a node whose installs keep failing gets a new Job
+/// after 2 s, then 4 s, then 8 s (retryBaseSeconds 2, doubling), and
+/// never the ready label.
+fn assert_retries_back_off(c: &Cluster) {
     // Exponential backoff: a node whose installs keep failing gets a new Job
     // after 2 s, then 4 s, then 8 s (retryBaseSeconds 2, doubling), and
     // never the ready label.
@@ -182,14 +162,14 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     retry["spec"]["job"] = json!({"retryBaseSeconds": 2, "retryMaxSeconds": 60});
     c.apply(&retry.to_string());
     c.apply(&self::node("retry-1", "retry", true, false));
-    wait_annotation(&c, "retry-1", keys::FAILURES, "3");
-    let failing = get_json(&c, &["node", "retry-1"]);
+    wait_annotation(c, "retry-1", keys::FAILURES, "3");
+    let failing = get_json(c, &["node", "retry-1"]);
     assert!(failing["metadata"]["labels"][keys::READY_LABEL].is_null());
     assert_eq!(
         failing["metadata"]["annotations"][keys::FAILURE_REASON],
         "BuildFailed"
     );
-    let jobs = get_json(&c, &["jobs", "-n", NS]);
+    let jobs = get_json(c, &["jobs", "-n", NS]);
     let mut created: Vec<i64> = jobs["items"]
         .as_array()
         .unwrap()
@@ -213,7 +193,7 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
     // The failures' Event: the first says how long the next wait is; kube's
     // event recorder folds the repeats into its series count.
     let events = get_json(
-        &c,
+        c,
         &[
             "events.events.k8s.io",
             "-A",
@@ -233,9 +213,45 @@ fn gpu_nodes_get_pinned_jobs_annotations_and_reinstalls() {
         .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
         .sum();
     assert!(count >= 3, "{events}");
-    drop(op);
 }
 
+/// An installed node: labelled, annotated, untainted, its Job pinned.
+fn assert_installed(c: &Cluster, n: &str) {
+    wait_label(c, n, keys::READY_LABEL, "true");
+    let node = get_json(c, &["node", n]);
+    let a = &node["metadata"]["annotations"];
+    assert_eq!(a[keys::STATE], "Installed", "{a}");
+    assert_eq!(a[keys::DRIVER_VERSION], "580.95.05");
+    assert_eq!(a[keys::FLAVOR], "open");
+    assert_eq!(a[keys::KERNEL], "6.6.63-cloud-amd64");
+    assert_eq!(a[keys::BOOT_ID], "boot-1");
+    assert_eq!(a[keys::OS_IMAGE], "Garden Linux 1592.4");
+    assert!(a[keys::INSTALLED_AT].as_str().is_some());
+    // The startup taint is gone (ok-1 had it).
+    let taints = node["spec"]["taints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !taints
+            .iter()
+            .any(|t| t["key"] == "gpu-driver.gardenlinux.io/driver-not-ready"),
+        "{taints:?}"
+    );
+    // The Job ran pinned to the node, in the builder image, owned.
+    let job_name = a[keys::JOB].as_str().unwrap();
+    let job = get_json(c, &["job", job_name, "-n", NS]);
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeName"], n);
+    assert_eq!(pod["containers"][0]["image"], "kmodbuild:1592.4");
+    assert_eq!(
+        pod["initContainers"][0]["image"],
+        "gpu-driver-installer:test"
+    );
+    assert_eq!(pod["hostPID"], true);
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(job["metadata"]["ownerReferences"][0]["kind"], "GpuDriver");
+}
 
 /// Readiness across reboots: once installed, a node loses its startup
 /// taint and gets the ready label; a new bootID (the modules are gone)

@@ -110,23 +110,7 @@ fn a_driver_upgrade_rolls_within_max_unavailable_and_respects_a_pdb() {
         label.as_deref() == Some("true")
     });
 
-    // GPU workloads: one on up-1 behind a PDB that forbids its eviction,
-    // one on up-2 without; up-3 cordoned by someone else.
-    c.kubectl(&["create", "namespace", "work"]);
-    c.apply(&gpu_pod("train-1", "up-1"));
-    c.apply(&gpu_pod("train-2", "up-2"));
-    c.apply(
-        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "train-1", "namespace": "work"},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-1"}}}})
-        .to_string(),
-    );
-    c.wait_for(
-        &["pdb", "train-1", "-n", "work"],
-        "{.status.currentHealthy}",
-        "1",
-        WAIT,
-    );
+    place_gpu_workloads(&c);
     c.kubectl(&["cordon", "up-3"]);
 
     c.kubectl(&[
@@ -201,16 +185,45 @@ fn a_driver_upgrade_rolls_within_max_unavailable_and_respects_a_pdb() {
     }
     assert!(seen_blocked, "up-1 was never seen held by its PDB");
     assert_eq!(max_busy, 1);
+    assert_evicted_uncordoned_and_done(&c);
+    drop(op);
+}
+
+/// GPU workloads: one on up-1 behind a PDB that forbids its eviction,
+/// one on up-2 without; up-3 cordoned by someone else.
+fn place_gpu_workloads(c: &Cluster) {
+    // GPU workloads: one on up-1 behind a PDB that forbids its eviction,
+    // one on up-2 without; up-3 cordoned by someone else.
+    c.kubectl(&["create", "namespace", "work"]);
+    c.apply(&gpu_pod("train-1", "up-1"));
+    c.apply(&gpu_pod("train-2", "up-2"));
+    c.apply(
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "train-1", "namespace": "work"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-1"}}}})
+        .to_string(),
+    );
+    c.wait_for(
+        &["pdb", "train-1", "-n", "work"],
+        "{.status.currentHealthy}",
+        "1",
+        WAIT,
+    );
+}
+
+/// After the roll: the pods evicted, our cordons undone, the Events
+/// written, the roll gone from the status.
+fn assert_evicted_uncordoned_and_done(c: &Cluster) {
     // Evicted: both pods gone once their nodes upgraded.
     for p in ["train-1", "train-2"] {
         let out = c.kubectl_output(&["get", "pod", p, "-n", "work"], None);
         assert!(!out.status.success(), "{p} still there");
     }
     // Uncordoned where we cordoned; up-3 stays as its owner left it.
-    assert_eq!(upgrade_view(&c, "up-1"), (false, None));
-    assert_eq!(upgrade_view(&c, "up-2"), (false, None));
-    assert_eq!(upgrade_view(&c, "up-3"), (true, None));
-    let events = get_json(&c, &["events.events.k8s.io", "-A"]);
+    assert_eq!(upgrade_view(c, "up-1"), (false, None));
+    assert_eq!(upgrade_view(c, "up-2"), (false, None));
+    assert_eq!(upgrade_view(c, "up-3"), (true, None));
+    let events = get_json(c, &["events.events.k8s.io", "-A"]);
     let reasons: Vec<String> = events["items"]
         .as_array()
         .unwrap()
@@ -222,9 +235,8 @@ fn a_driver_upgrade_rolls_within_max_unavailable_and_respects_a_pdb() {
         assert!(reasons.iter().any(|x| x == r), "{r} not in {reasons:?}");
     }
     until("the roll gone from the status", || {
-        get_json(&c, &["gpudriver", "up"])["status"]["upgrade"]
+        get_json(c, &["gpudriver", "up"])["status"]["upgrade"]
             .is_null()
             .then_some(())
     });
-    drop(op);
 }
