@@ -1,8 +1,16 @@
-# Shared helpers for scripts/*: stage timing and the static build's path.
+# Shared helpers for scripts/*: the cache root, stage timing, free ports,
+# keyed cache pruning and the Debian packages each script needs.
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # the variables are for the scripts that source this
 
 STATIC_TARGET=x86_64-unknown-linux-gnu
 STATIC_BIN="target/${STATIC_TARGET}/release/gpu-driver-installer"
+
+# cache_root: the tooling's one cache, resolved as `cargo xtask cache-root`
+# resolves it.
+cache_root() {
+  echo "${GPU_DRIVER_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/gpu-driver}"
+}
 
 _stage_name=""
 _stage_start=0
@@ -21,19 +29,33 @@ stage_end() {
   fi
 }
 
-# free_mib DIR — the space left on DIR's filesystem, in MiB (a CI run that
+# free_mib DIR: the space left on DIR's filesystem, in MiB (a run that
 # fills the disk says at which stage).
 free_mib() {
   df -Pm "$1" 2>/dev/null | awk 'NR == 2 { print $4 }'
 }
 
-# prune_other_keys DIR KEEP — a keyed cache (DIR/<key>, one entry per set of
-# inputs) never uses an entry again once its inputs changed, so on a machine
-# whose ~/.cache outlives many commits old entries would fill the disk.
-# Marks KEEP as used now and deletes DIR's other entries (and leftover
-# *.tmp) not used for GPU_DRIVER_CACHE_GRACE_MIN minutes (default 60: a
-# second checkout running beside this one keeps its entry). Call it under
-# the cache's lock. KEEP may be empty: then only stale entries go.
+# free_port [COUNT]: the first of COUNT consecutive loopback ports nobody
+# listens on now (others may run servers and clusters here too).
+free_port() {
+  local n=${1:-1} base p _
+  for _ in $(seq 200); do
+    base=$(( 20000 + RANDOM % 32000 ))
+    for ((p = base; p < base + n; p++)); do
+      (exec 3<>"/dev/tcp/127.0.0.1/${p}") 2>/dev/null && continue 2
+    done
+    echo "${base}"
+    return 0
+  done
+  echo "error: no ${n} free loopback port(s) found" >&2
+  return 1
+}
+
+# prune_other_keys DIR KEEP: a keyed cache (DIR/<key>) never uses an entry
+# again once its inputs changed. Marks KEEP used and deletes DIR's other
+# entries (and leftover *.tmp) unused for GPU_DRIVER_CACHE_GRACE_MIN
+# minutes (default 60: a second checkout beside this one keeps its entry).
+# Call it under the cache's lock.
 prune_other_keys() {
   local dir=$1 keep=$2 grace=${GPU_DRIVER_CACHE_GRACE_MIN:-60} e
   case "${grace}" in '' | *[!0-9]*) grace=60 ;; esac
@@ -46,12 +68,11 @@ prune_other_keys() {
   done
 }
 
-# ensure_tools CMD:PACKAGE ... — installs the Debian packages whose commands
-# are missing, so that the README's commands work on a fresh machine.
+# ensure_tools CMD:PACKAGE ...: installs the Debian packages whose commands
+# (or, for a CMD starting with /, files) are missing.
 ensure_tools() {
   local need=() pair
   for pair in "$@"; do
-    # A CMD starting with / is a file that must exist (headers, libraries).
     case "${pair%%:*}" in
       /*) [ -e "${pair%%:*}" ] || need+=("${pair##*:}") ;;
       *) command -v "${pair%%:*}" >/dev/null || need+=("${pair##*:}") ;;
@@ -68,44 +89,27 @@ ensure_tools() {
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 }
 
-# What scripts/test needs: `file` checks the static binary; makeself and the
-# compressors build the tests' .run files; dpkg-deb unpacks Debian's NVIDIA
-# source tarball for the extraction tests.
-# dpkg-scanpackages indexes the local apt repository of real kernel headers;
-# gcc and make compile a test module against them; gcc (as cc, with
-# libc6-dev) also builds the CUDA check helper in build.rs, so every cargo
-# build needs it, and the tests' stub libcuda; kbuild's prebuilt tools
-# link libelf (objtool) and libcrypto (sign-file). scripts/local-cluster
-# makes its certificates with openssl and polls health endpoints with curl;
-# scripts/k8s-bins locks its cache with flock.
+# The test tools (as the xtask's apt lists): .run files, Debian packages,
+# test modules, certificates and health polls.
 TEST_TOOLS=(file:file chroot:coreutils makeself:makeself xz:xz-utils bzip2:bzip2
   zstd:zstd cksum:coreutils dpkg-deb:dpkg dpkg-scanpackages:dpkg-dev gzip:gzip
   gcc:gcc cc:gcc make:make /usr/include/stdio.h:libc6-dev
   /usr/lib/x86_64-linux-gnu/libelf.so.1:libelf1 /usr/lib/x86_64-linux-gnu/libcrypto.so.3:libssl3
-  openssl:openssl curl:curl flock:util-linux)
+  openssl:openssl curl:curl flock:util-linux jq:jq)
 
-# What scripts/builder-root, scripts/matrix and scripts/bench-build need.
+# Builder roots and the work in them (matrix, benchmarks, e2e).
 ROOT_TOOLS=(debootstrap:debootstrap flock:util-linux mountpoint:util-linux
-  python3:python3 timeout:coreutils)
+  jq:jq timeout:coreutils)
 
-# What scripts/vm-test needs on top: QEMU boots the kernel, busybox-static
-# and cpio make the initramfs, gcc/make build the test module, strip (and
-# strings) come from binutils.
+# The x86_64 VM tests: QEMU, busybox-static and cpio for the initramfs,
+# gcc/make for the test module, binutils' strip.
 VM_TOOLS=(qemu-system-x86_64:qemu-system-x86 busybox:busybox-static cpio:cpio
   gcc:gcc make:make strip:binutils)
 
-# What scripts/build-images needs: buildah builds the images without a
-# daemon, debootstrap makes their Debian base, gcc with static glibc
-# (libc6-dev's libc.a) compiles the pause binary, python3 reads the OCI
-# archives back, unshare keeps buildah's writes to /var in its cache.
+# scripts/build-images: buildah without a daemon, debootstrap for the base,
+# static glibc for the pause binary, jq and tar to read the OCI archives.
 IMAGE_TOOLS=(buildah:buildah debootstrap:debootstrap flock:util-linux unshare:util-linux file:file
-  gcc:gcc /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev python3:python3 tar:tar)
+  gcc:gcc /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev jq:jq tar:tar)
 
-# What scripts/build-static aarch64 needs: the cross linker and C compiler
-# (the -sys crates) and arm64's static glibc.
-CROSS_ARM64_TOOLS=(aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu
-  /usr/aarch64-linux-gnu/lib/libc.a:libc6-dev-arm64-cross)
-
-# What scripts/vm-test-arm64 needs: QEMU's arm64 machine, cpio for the
-# initramfs (the arm64 kernel and busybox come from Debian's archive).
+# The arm64 VM test: QEMU's arm64 machine, cpio for the initramfs.
 VM_ARM64_TOOLS=(qemu-system-aarch64:qemu-system-arm cpio:cpio)

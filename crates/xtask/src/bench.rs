@@ -468,12 +468,12 @@ fn cache_summary(a: &CacheArgs) -> Result<()> {
     // The last run's memory (bytes -> MiB); "n/a" without a cgroup.
     let mem = |n: &str| -> String {
         let num = |ext: &str| -> Option<f64> {
+            // An empty file is 0 (no sample yet); a blank line is no figure.
             let t = std::fs::read_to_string(dir.join(format!("{n}.{ext}"))).ok()?;
-            let t = t.trim();
             if t.is_empty() {
                 Some(0.0)
             } else {
-                t.parse::<i64>().ok().map(|v| v as f64)
+                t.trim().parse::<i64>().ok().map(|v| v as f64)
             }
         };
         match (num("anon"), num("peak")) {
