@@ -308,6 +308,13 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
         "update with --catalog: {err}"
     );
 
+    assert_the_owner_widens_the_lists(&c);
+    assert_caches_outside_the_lists_are_refused(&c);
+}
+
+/// The owner widens the lists: what they now name is admitted, what they
+/// still do not is refused; a prefix still ends at a "/".
+fn assert_the_owner_widens_the_lists(c: &Cluster) {
     // The owner widens the lists; a prefix still ends at a "/".
     let own = format!("registry.example.com/gpu-driver/builder-debian{}", digest());
     let own_gd = gpudriver("own-registry", &own, &installer(), &[]);
@@ -331,7 +338,7 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
     };
     let signed = signing("signed", "gpu-driver-module-signing", true);
     assert_refused(
-        &c,
+        c,
         "signing Secret, not yet allowed",
         &signed,
         &[
@@ -339,29 +346,29 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
                 .to_string(),
         ],
     );
-    assert_refused(&c, "own registry, not yet allowed", &own_gd, &[]);
-    assert_refused(&c, "own cache, not yet allowed", &cached, &[]);
+    assert_refused(c, "own registry, not yet allowed", &own_gd, &[]);
+    assert_refused(c, "own cache, not yet allowed", &cached, &[]);
     assert_refused(
-        &c,
+        c,
         "catalog ConfigMap, not yet allowed",
         &catalog,
         &["driver.catalogConfigMap drivers-2026-12 is not an allowed catalog".to_string()],
     );
     set_owner_list(
-        &c,
+        c,
         0,
         "['ghcr.io/gardenlinux/', 'registry.example.com/gpu-driver']",
     );
-    set_owner_list(&c, 1, "['s3://gpu-driver-cache/cluster-a']");
-    set_owner_list(&c, 2, "['gpu-driver-cache', 'shared']");
-    set_owner_list(&c, 4, "['gpu-driver-cache-writer', 'shared']");
-    set_owner_list(&c, 5, "['drivers-2026-12']");
-    set_owner_list(&c, 6, "['gpu-driver-module-signing', 'shared']");
+    set_owner_list(c, 1, "['s3://gpu-driver-cache/cluster-a']");
+    set_owner_list(c, 2, "['gpu-driver-cache', 'shared']");
+    set_owner_list(c, 4, "['gpu-driver-cache-writer', 'shared']");
+    set_owner_list(c, 5, "['drivers-2026-12']");
+    set_owner_list(c, 6, "['gpu-driver-module-signing', 'shared']");
     eventually("the edited lists are enforced", || {
-        admit(&c, &own_gd)?;
-        admit(&c, &catalog)?;
-        admit(&c, &signed)?;
-        admit(&c, &cached).map(|_| ())
+        admit(c, &own_gd)?;
+        admit(c, &catalog)?;
+        admit(c, &signed)?;
+        admit(c, &cached).map(|_| ())
     });
     for (gd, name, want) in [
         (
@@ -380,22 +387,26 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
             "build.signingSecretName shared is a cache read Secret",
         ),
     ] {
-        assert_refused(&c, name, &gd, &[want.to_string()]);
+        assert_refused(c, name, &gd, &[want.to_string()]);
     }
     catalog["spec"]["driver"] = json!({"catalogConfigMap": "drivers-2026-12-evil"});
     assert_refused(
-        &c,
+        c,
         "another catalog ConfigMap",
         &catalog,
         &["must be one of [drivers-2026-12]".to_string()],
     );
     let sibling = format!("registry.example.com/gpu-driver-other/builder{}", digest());
     assert_refused(
-        &c,
+        c,
         "sibling of an allowed prefix",
         &gpudriver("sibling", &sibling, &installer(), &[]),
         &[format!("image {sibling} is not from an allowed registry")],
     );
+}
+
+/// Caches outside the owner's lists, each refused naming why.
+fn assert_caches_outside_the_lists_are_refused(c: &Cluster) {
     // Caches outside the lists: (object name, what the test is, spec.cache,
     // what the refusal names).
     let a = "s3://gpu-driver-cache/cluster-a";
@@ -453,7 +464,7 @@ fn admission_policy_holds_gpudrivers_to_the_owners_lists() {
         ),
     ] {
         let gd = with_cache(gpudriver(gd_name, &builder(), &installer(), &[]), cache);
-        assert_refused(&c, name, &gd, &[want.to_string()]);
+        assert_refused(c, name, &gd, &[want.to_string()]);
     }
 }
 

@@ -307,23 +307,7 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
         r.stderr
     );
     assert_eq!(s["phase"], "Succeeded");
-    // The architecture comes from the headers' .config; a cross build says
-    // which prefix it used.
-    assert_eq!(s["arch"], arch.nvidia_name(), "{s}");
-    let cross = arch != gpu_driver_installer::node::running_arch().unwrap();
-    if cross {
-        let prefix = format!("{}-", arch.gnu_triplet());
-        assert_eq!(s["compiler"]["crossCompile"], prefix.as_str(), "{s}");
-        assert!(
-            s["compiler"]["command"]
-                .as_str()
-                .unwrap()
-                .starts_with(&prefix),
-            "{s}"
-        );
-    } else {
-        assert!(s["compiler"].get("crossCompile").is_none(), "{s}");
-    }
+    assert_arch_and_compiler(s, arch);
     let driver = s["driverVersion"].as_str().unwrap();
     assert!(driver.starts_with(branch), "{driver}");
     eprintln!(
@@ -334,30 +318,7 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
     assert!(s["timings"]["extractSeconds"].is_number());
     assert!(s["timings"]["packageSeconds"].is_number());
 
-    // Five modules, each for this kernel.
-    let modules = s["modules"].as_array().unwrap();
-    let names: Vec<&str> = modules
-        .iter()
-        .map(|m| m["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        names,
-        [
-            "nvidia",
-            "nvidia_uvm",
-            "nvidia_modeset",
-            "nvidia_drm",
-            "nvidia_peermem"
-        ]
-    );
-    for m in modules {
-        let vermagic = m["vermagic"].as_str().unwrap();
-        assert!(vermagic.starts_with(&format!("{release} ")), "{m}");
-        // arm64's MODULE_ARCH_VERMAGIC.
-        if arch == CpuArch::Aarch64 {
-            assert!(vermagic.ends_with(" aarch64"), "{m}");
-        }
-    }
+    let modules = assert_five_modules(s, &release, arch);
 
     // The artifact: its sha256, the manifest, and every file's sha256.
     let artifact = job.outer(s["artifact"].as_str().unwrap());
@@ -382,25 +343,7 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
     let listed = manifest["modules"].as_array().unwrap();
     assert_eq!(listed.len(), 5);
     for (m, st) in listed.iter().zip(modules) {
-        let file = m["file"].as_str().unwrap();
-        let data = &files[file];
-        assert_eq!(m["sha256"].as_str().unwrap(), sha256(data), "{file}");
-        assert_eq!(m["sha256"], st["sha256"]);
-        assert_eq!(m["sizeBytes"].as_u64().unwrap(), data.len() as u64);
-        assert_eq!(m["vermagic"], st["vermagic"]);
-        // Stripped: the 184 MB nvidia.ko is ~11 MB without debug info.
-        assert!(data.len() < 64 << 20, "{file}: {} bytes", data.len());
-        let info = gpu_driver_installer::modinfo::parse_modinfo(data).unwrap();
-        assert_eq!(info.vermagic_release(), release);
-        // The ELF header's e_machine (62 x86_64, 183 aarch64), read by the
-        // test itself.
-        assert_eq!(
-            u16::from_le_bytes([data[18], data[19]]),
-            arch.elf_machine(),
-            "{file}"
-        );
-        assert_eq!(info.machine, arch.elf_machine(), "{file}");
-        assert_eq!(info.version.as_deref(), Some(driver));
+        assert_module_file(m, st, &files, &release, driver, arch);
     }
     let user = manifest["userSpace"]
         .as_array()
@@ -422,33 +365,7 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
         files.keys()
     );
     if from_run {
-        // NVIDIA's user space from the .run's .manifest, in the root layout.
-        let lib = format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH);
-        let names: Vec<&str> = user.iter().map(|f| f["file"].as_str().unwrap()).collect();
-        assert_eq!(
-            names,
-            [
-                "usr/bin/nvidia-smi".to_string(),
-                format!("{lib}/libnvidia-ml.so.{driver}"),
-                format!("{lib}/libcuda.so.{driver}"),
-            ],
-            "{manifest:#}"
-        );
-        let links: Vec<(&str, &str)> = manifest["links"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| (l["file"].as_str().unwrap(), l["target"].as_str().unwrap()))
-            .collect();
-        assert!(
-            links.contains(&(
-                &format!("{lib}/libnvidia-ml.so.1"),
-                &format!("libnvidia-ml.so.{driver}")
-            )),
-            "{links:?}"
-        );
-        assert_eq!(manifest["schemaVersion"], 2);
-        assert!(s["userSpace"].as_array().unwrap().len() >= 6, "{s}");
+        assert_run_user_space(&manifest, s, &user, driver);
         install_and_verify_real_user_space(&artifact, &release, driver, &files);
     } else {
         assert!(manifest.get("userSpace").is_none(), "{manifest:#}");
@@ -470,6 +387,120 @@ fn compile_succeeds(suite: &str, flavor: &str, source: Source, branch: &str, arc
     assert!(!log.parent().unwrap().join("source").exists());
     keep_artifact(&artifact, &format!("{suite}-{flavor}"));
     job.remove();
+}
+
+/// Five modules, each for this kernel.
+fn assert_five_modules<'a>(s: &'a Value, release: &str, arch: CpuArch) -> &'a Vec<Value> {
+    // Five modules, each for this kernel.
+    let modules = s["modules"].as_array().unwrap();
+    let names: Vec<&str> = modules
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "nvidia",
+            "nvidia_uvm",
+            "nvidia_modeset",
+            "nvidia_drm",
+            "nvidia_peermem"
+        ]
+    );
+    for m in modules {
+        let vermagic = m["vermagic"].as_str().unwrap();
+        assert!(vermagic.starts_with(&format!("{release} ")), "{m}");
+        // arm64's MODULE_ARCH_VERMAGIC.
+        if arch == CpuArch::Aarch64 {
+            assert!(vermagic.ends_with(" aarch64"), "{m}");
+        }
+    }
+    modules
+}
+
+/// The architecture comes from the headers' .config; a cross build says
+/// which prefix it used.
+fn assert_arch_and_compiler(s: &Value, arch: CpuArch) {
+    // The architecture comes from the headers' .config; a cross build says
+    // which prefix it used.
+    assert_eq!(s["arch"], arch.nvidia_name(), "{s}");
+    let cross = arch != gpu_driver_installer::node::running_arch().unwrap();
+    if cross {
+        let prefix = format!("{}-", arch.gnu_triplet());
+        assert_eq!(s["compiler"]["crossCompile"], prefix.as_str(), "{s}");
+        assert!(
+            s["compiler"]["command"]
+                .as_str()
+                .unwrap()
+                .starts_with(&prefix),
+            "{s}"
+        );
+    } else {
+        assert!(s["compiler"].get("crossCompile").is_none(), "{s}");
+    }
+}
+
+/// One module of the artifact: the manifest's entry matches the result's
+/// and the file (stripped, for this kernel and architecture).
+fn assert_module_file(
+    m: &Value,
+    st: &Value,
+    files: &BTreeMap<String, Vec<u8>>,
+    release: &str,
+    driver: &str,
+    arch: CpuArch,
+) {
+    let file = m["file"].as_str().unwrap();
+    let data = &files[file];
+    assert_eq!(m["sha256"].as_str().unwrap(), sha256(data), "{file}");
+    assert_eq!(m["sha256"], st["sha256"]);
+    assert_eq!(m["sizeBytes"].as_u64().unwrap(), data.len() as u64);
+    assert_eq!(m["vermagic"], st["vermagic"]);
+    // Stripped: the 184 MB nvidia.ko is ~11 MB without debug info.
+    assert!(data.len() < 64 << 20, "{file}: {} bytes", data.len());
+    let info = gpu_driver_installer::modinfo::parse_modinfo(data).unwrap();
+    assert_eq!(info.vermagic_release(), release);
+    // The ELF header's e_machine (62 x86_64, 183 aarch64), read by the
+    // test itself.
+    assert_eq!(
+        u16::from_le_bytes([data[18], data[19]]),
+        arch.elf_machine(),
+        "{file}"
+    );
+    assert_eq!(info.machine, arch.elf_machine(), "{file}");
+    assert_eq!(info.version.as_deref(), Some(driver));
+}
+
+/// A build from a .run: NVIDIA's user space from its .manifest, in the
+/// root layout, with its links.
+fn assert_run_user_space(manifest: &Value, s: &Value, user: &[Value], driver: &str) {
+    // NVIDIA's user space from the .run's .manifest, in the root layout.
+    let lib = format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+    let names: Vec<&str> = user.iter().map(|f| f["file"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "usr/bin/nvidia-smi".to_string(),
+            format!("{lib}/libnvidia-ml.so.{driver}"),
+            format!("{lib}/libcuda.so.{driver}"),
+        ],
+        "{manifest:#}"
+    );
+    let links: Vec<(&str, &str)> = manifest["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["file"].as_str().unwrap(), l["target"].as_str().unwrap()))
+        .collect();
+    assert!(
+        links.contains(&(
+            &format!("{lib}/libnvidia-ml.so.1"),
+            &format!("libnvidia-ml.so.{driver}")
+        )),
+        "{links:?}"
+    );
+    assert_eq!(manifest["schemaVersion"], 2);
+    assert!(s["userSpace"].as_array().unwrap().len() >= 6, "{s}");
 }
 
 /// With the tools file's `keepArtifacts` = DIR, the artifact is copied to

@@ -91,12 +91,7 @@ fn a_build_signs_every_module_as_the_headers_sign_file_does() {
     let _one = COMPILE.lock().unwrap_or_else(|e| e.into_inner());
     let release = root_kernel_release(&root);
     let job = Job::new(&root, "signing");
-    let tree = job.outer(&job.inner("src/kernel-open"));
-    fs::create_dir_all(&tree).unwrap();
-    let fixture = crate::support::repo_root().join("tests/fixtures/kmod-hello");
-    for f in ["hello.c", "Kbuild", "Makefile"] {
-        fs::copy(fixture.join(f), tree.join(f)).unwrap();
-    }
+    copy_hello_module(&job);
     let keys = job.outer(&job.inner("keys"));
     fs::create_dir_all(&keys).unwrap();
     key_pair(&keys, "owner");
@@ -204,4 +199,14 @@ fn a_build_signs_every_module_as_the_headers_sign_file_does() {
     let key_line = key_pem.lines().nth(3).unwrap();
     assert!(!wrong.doc.to_string().contains(key_line) && !wrong.stderr.contains(key_line));
     job.remove();
+}
+
+/// The kmod-hello fixture as the job's kernel-open tree.
+fn copy_hello_module(job: &Job) {
+    let tree = job.outer(&job.inner("src/kernel-open"));
+    fs::create_dir_all(&tree).unwrap();
+    let fixture = crate::support::repo_root().join("tests/fixtures/kmod-hello");
+    for f in ["hello.c", "Kbuild", "Makefile"] {
+        fs::copy(fixture.join(f), tree.join(f)).unwrap();
+    }
 }

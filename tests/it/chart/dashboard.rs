@@ -52,11 +52,8 @@ fn dashboard_is_valid_grafana_json_over_our_metrics() {
         .map(|v| v["name"].as_str().unwrap().to_string())
         .collect();
     assert!(variables.contains("datasource"), "{variables:?}");
-    let operator_metrics = gpu_driver_operator::metrics::Metrics::default().render();
-    let exporter_source = read("crates/exporter/src/metrics.rs");
     let mut ids = BTreeSet::new();
     let mut cells = BTreeSet::new();
-    let mut metrics_seen = BTreeSet::new();
     let mut exprs = Vec::new();
     for p in dash["panels"].as_array().unwrap() {
         let id = p["id"].as_i64().unwrap();
@@ -105,7 +102,36 @@ fn dashboard_is_valid_grafana_json_over_our_metrics() {
             exprs.push((format!("variable {}", v["name"]), q.to_string()));
         }
     }
-    for (where_, expr) in &exprs {
+    let metrics_seen = metrics_of(&exprs, &variables);
+    for m in [
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_XID_ERRORS",
+        "gpu_driver_nodes",
+        "gpu_driver_install_failures_total",
+        "gpu_driver_cache_total",
+    ] {
+        assert!(metrics_seen.contains(m), "the dashboard shows no {m}");
+    }
+    // Per node and per pod: by DCGM's Hostname, namespace and pod labels.
+    let all_exprs: String = exprs.iter().map(|(_, e)| e.as_str()).collect();
+    for label in [
+        "by (Hostname)",
+        "by (namespace, pod)",
+        "by (phase)",
+        "by (reason)",
+    ] {
+        assert!(all_exprs.contains(label), "no query {label}");
+    }
+}
+
+/// The metrics the queries read, each checked to be one the operator or
+/// the exporter exports; every variable they use is the dashboard's.
+fn metrics_of(exprs: &[(String, String)], variables: &BTreeSet<String>) -> BTreeSet<String> {
+    let operator_metrics = gpu_driver_operator::metrics::Metrics::default().render();
+    let exporter_source = read("crates/exporter/src/metrics.rs");
+    let mut metrics_seen = BTreeSet::new();
+    for (where_, expr) in exprs {
         for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
             if word.starts_with("DCGM_FI_") || word.starts_with("gpu_driver_exporter_") {
                 assert!(
@@ -139,24 +165,5 @@ fn dashboard_is_valid_grafana_json_over_our_metrics() {
             );
         }
     }
-    for m in [
-        "DCGM_FI_DEV_GPU_UTIL",
-        "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_DEV_XID_ERRORS",
-        "gpu_driver_nodes",
-        "gpu_driver_install_failures_total",
-        "gpu_driver_cache_total",
-    ] {
-        assert!(metrics_seen.contains(m), "the dashboard shows no {m}");
-    }
-    // Per node and per pod: by DCGM's Hostname, namespace and pod labels.
-    let all_exprs: String = exprs.iter().map(|(_, e)| e.as_str()).collect();
-    for label in [
-        "by (Hostname)",
-        "by (namespace, pod)",
-        "by (phase)",
-        "by (reason)",
-    ] {
-        assert!(all_exprs.contains(label), "no query {label}");
-    }
+    metrics_seen
 }

@@ -98,26 +98,7 @@ fn apiserver_accepts_the_chart_and_helm_installs_it() {
         "deployment/gpu-driver-operator",
     ]);
     c.kubectl(&["-n", NS, "get", "configmap", "gpu-driver-dashboard"]);
-    // The exporter's account may do nothing (no RBAC at all).
-    let can = c.kubectl_output(
-        &[
-            "auth",
-            "can-i",
-            "--list",
-            &format!("--as=system:serviceaccount:{NS}:gpu-driver-exporter"),
-        ],
-        None,
-    );
-    for line in String::from_utf8_lossy(&can.stdout).lines().skip(1) {
-        if line.starts_with(char::is_whitespace) {
-            continue;
-        }
-        let res = line.split_whitespace().next().unwrap_or("");
-        assert!(
-            res.ends_with(".authorization.k8s.io") || res.ends_with(".authentication.k8s.io"),
-            "exporter account can: {line}"
-        );
-    }
+    assert_the_exporter_account_may_do_nothing(&c);
     helm.run(&[
         "uninstall",
         "gpu-driver",
@@ -144,4 +125,28 @@ fn apiserver_accepts_the_chart_and_helm_installs_it() {
     }
     // Helm keeps CRDs (and so the GpuDrivers' definition) on uninstall.
     c.kubectl(&["get", "crd", "gpudrivers.gpu-driver.gardenlinux.io"]);
+}
+
+/// The exporter's account may do nothing (no RBAC at all).
+fn assert_the_exporter_account_may_do_nothing(c: &Cluster) {
+    // The exporter's account may do nothing (no RBAC at all).
+    let can = c.kubectl_output(
+        &[
+            "auth",
+            "can-i",
+            "--list",
+            &format!("--as=system:serviceaccount:{NS}:gpu-driver-exporter"),
+        ],
+        None,
+    );
+    for line in String::from_utf8_lossy(&can.stdout).lines().skip(1) {
+        if line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        let res = line.split_whitespace().next().unwrap_or("");
+        assert!(
+            res.ends_with(".authorization.k8s.io") || res.ends_with(".authentication.k8s.io"),
+            "exporter account can: {line}"
+        );
+    }
 }

@@ -102,6 +102,13 @@ fn chart_lints_and_renders_with_defaults_and_every_option() {
     let cm = &all[&("ConfigMap".into(), "gpu-driver-dashboard".into())];
     assert_eq!(cm["metadata"]["namespace"], "monitoring");
     assert_eq!(cm["metadata"]["annotations"]["grafana_folder"], "GPU");
+    assert_digests_and_owners_lists(&all);
+
+    assert_parts_off_and_unsafe_values_refused(&helm);
+}
+
+/// Every option on: images by digest, the owner's lists as CEL literals.
+fn assert_digests_and_owners_lists(all: &BTreeMap<(String, String), Value>) {
     // Images by digest: repository@sha256:..., no tag.
     let image = |kind: &str, name: &str| -> String {
         let pod: PodSpec = typed(&all[&(kind.into(), name.into())]["spec"]["template"]["spec"]);
@@ -138,7 +145,11 @@ fn chart_lints_and_renders_with_defaults_and_every_option() {
             vec!["gpu-driver-module-signing".to_string()],
         ]
     );
+}
 
+/// Parts off render nothing of theirs; values.schema.json and the
+/// templates refuse what would be unsafe.
+fn assert_parts_off_and_unsafe_values_refused(helm: &Helm) {
     // Parts off.
     let off = by_kind_and_name(&documents(&helm.template(&[
         "exporter.enabled=false",
