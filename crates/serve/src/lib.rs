@@ -193,6 +193,31 @@ mod tests {
         task.abort();
     }
 
+    /// `start_server` serves on its own task at the port the system chose,
+    /// and a taken address fails with the address in the message.
+    #[tokio::test]
+    async fn start_server_serves_in_the_background_and_names_a_taken_address() {
+        let app = Router::new().route(
+            "/healthz",
+            get(|| async { plain_text(StatusCode::OK, "ok\n") }),
+        );
+        let addr = start_server("127.0.0.1:0".parse().unwrap(), app.clone())
+            .await
+            .unwrap();
+        assert_ne!(addr.port(), 0);
+        let r = ask(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(
+            r.contains("content-type: text/plain; charset=utf-8\r\n"),
+            "{r}"
+        );
+        let taken = start_server(addr, app).await.unwrap_err();
+        assert!(
+            taken.to_string().starts_with(&format!("{addr}: ")),
+            "{taken}"
+        );
+    }
+
     #[tokio::test]
     async fn answers_one_bounded_request_per_connection() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
