@@ -71,7 +71,7 @@ const MAX_SIGNATURES: usize = 16;
 
 /// The keyrings shipped with the project.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Builtin {
+pub(crate) enum Builtin {
     Debian,
     GardenLinux,
 }
@@ -81,7 +81,7 @@ impl Builtin {
     /// under `gardenlinux.io` or a URL whose last path segment is
     /// `gardenlinux` (mirrors keep that layout), Debian's for any other
     /// (deb.debian.org and its mirrors).
-    pub fn for_repository(url: &str) -> Builtin {
+    pub(crate) fn for_repository(url: &str) -> Builtin {
         let rest = url.split_once("://").map_or(url, |(_, r)| r);
         let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
         // user@host:port → host
@@ -114,7 +114,7 @@ impl Builtin {
 
 /// Trusted OpenPGP keys, each with the subkeys that may sign for it.
 #[derive(Debug, Clone)]
-pub struct Keyring {
+pub(crate) struct Keyring {
     /// What it is, for messages: the shipped keyring's name or the file.
     pub name: String,
     keys: Vec<TrustedKey>,
@@ -138,7 +138,7 @@ const KEYRING_FILE: crate::named_file::Named = crate::named_file::Named {
 impl Keyring {
     /// One of the shipped keyrings. They are compiled in, so a failure to
     /// parse them is a bug.
-    pub fn builtin(which: Builtin) -> Result<Keyring> {
+    pub(crate) fn builtin(which: Builtin) -> Result<Keyring> {
         let mut keys = Vec::new();
         for (file, bytes) in which.files() {
             let mut ring = Keyring::parse(file, bytes).map_err(|e| {
@@ -158,7 +158,7 @@ impl Keyring {
     /// A keyring file: binary (`.gpg`, `.pgp`, as in /usr/share/keyrings)
     /// or ASCII-armored (`.asc`), one key or several. Unreadable, malformed
     /// or without a usable key: `InvalidArgument`.
-    pub fn from_file(path: &Path) -> Result<Keyring> {
+    pub(crate) fn from_file(path: &Path) -> Result<Keyring> {
         let bytes = KEYRING_FILE.read(path)?;
         let mut ring = Keyring::parse(&path.display().to_string(), &bytes)?;
         ring.name = format!("the keyring {}", path.display());
@@ -167,7 +167,7 @@ impl Keyring {
 
     /// Parses OpenPGP public keys (binary or armored); `name` is for
     /// messages.
-    pub fn parse(name: &str, bytes: &[u8]) -> Result<Keyring> {
+    pub(crate) fn parse(name: &str, bytes: &[u8]) -> Result<Keyring> {
         let invalid = |what: String| {
             Error::new(
                 Failure::InvalidArgument,
@@ -195,7 +195,7 @@ impl Keyring {
     }
 
     /// The primary keys' fingerprints (upper-case hex, as gpg prints them).
-    pub fn fingerprints(&self) -> Vec<String> {
+    pub(crate) fn fingerprints(&self) -> Vec<String> {
         self.keys
             .iter()
             .map(|k| hex_fingerprint(&k.primary))
@@ -248,7 +248,7 @@ fn hex_fingerprint(key: &impl KeyDetails) -> String {
 
 /// A Release whose signature verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verified {
+pub(crate) struct Verified {
     /// Exactly the text the signature covers ('\n' line ends; for
     /// `InRelease` the clearsign framework undone), the only text to parse.
     pub text: String,
@@ -258,7 +258,7 @@ pub struct Verified {
 
 /// Why a Release was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejected {
+pub(crate) struct Rejected {
     /// The issuers the signatures name (fingerprint, else key ID).
     pub signers: Vec<String>,
     /// A signature by a trusted key that does not verify: the text was
@@ -279,7 +279,7 @@ impl Rejected {
 }
 
 /// Verifies a clearsigned `InRelease`.
-pub fn verify_inrelease(text: &str, keyring: &Keyring) -> Result<Verified, Rejected> {
+pub(crate) fn verify_inrelease(text: &str, keyring: &Keyring) -> Result<Verified, Rejected> {
     let (msg, _) = CleartextSignedMessage::from_string(text)
         .map_err(|e| Rejected::malformed(format!("not an OpenPGP clearsigned message ({e})")))?;
     let signed = msg.signed_text();
@@ -292,7 +292,7 @@ pub fn verify_inrelease(text: &str, keyring: &Keyring) -> Result<Verified, Rejec
 
 /// Verifies a `Release` against its detached `Release.gpg` (binary or
 /// armored, one signature or several).
-pub fn verify_detached(
+pub(crate) fn verify_detached(
     release: &[u8],
     signature: &[u8],
     keyring: &Keyring,

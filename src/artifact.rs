@@ -25,7 +25,7 @@ pub const MANIFEST_VERSION: u32 = 2;
 const OLDEST_MANIFEST_VERSION: u32 = 1;
 
 /// The manifest's name inside the artifact.
-pub const MANIFEST_FILE: &str = "manifest.json";
+pub(crate) const MANIFEST_FILE: &str = "manifest.json";
 
 /// `manifest.json` inside the artifact: what was built, for what, with what,
 /// and the sha256 of every other file in the archive.
@@ -141,7 +141,7 @@ fn relative_plain(p: &str) -> bool {
 }
 
 /// The release ends up in file and directory names: a plain release string.
-pub fn is_release_name(release: &str) -> bool {
+pub(crate) fn is_release_name(release: &str) -> bool {
     !release.is_empty()
         && release.len() <= 128
         && release != "."
@@ -194,7 +194,7 @@ impl Manifest {
     /// Checks every field that install or the cache uses in a path or a
     /// command: the driver version and kernel release name directories,
     /// entries name files inside the artifact, links stay in their directory.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if !crate::node::is_driver_version(&self.driver_version) {
             return Err(invalid(format!(
                 "driverVersion {:?} is not a driver version like 535.261.03",
@@ -292,14 +292,14 @@ impl Manifest {
         modules.chain(firmware).chain(user).collect()
     }
 
-    pub fn to_json(&self) -> Result<Vec<u8>> {
+    pub(crate) fn to_json(&self) -> Result<Vec<u8>> {
         serde_json::to_vec_pretty(self)
             .map_err(|e| Error::new(Failure::Internal, format!("serializing the manifest: {e}")))
     }
 }
 
 /// An artifact's `manifest.json`: a few KiB (a file list and digests).
-pub const MANIFEST: crate::named_file::Named = crate::named_file::Named {
+pub(crate) const MANIFEST: crate::named_file::Named = crate::named_file::Named {
     what: "the artifact manifest",
     max: 4 << 20,
     reason: Failure::ArtifactInvalid,
@@ -308,7 +308,7 @@ pub const MANIFEST: crate::named_file::Named = crate::named_file::Named {
 
 /// Reads `<dir>/manifest.json` of an unpacked artifact and checks every
 /// listed file against its sha256.
-pub fn check_dir(dir: &Path) -> Result<Manifest> {
+pub(crate) fn check_dir(dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST_FILE);
     let bytes = MANIFEST.read(&path)?;
     let manifest = Manifest::parse(&bytes, &path.display().to_string())?;
@@ -343,7 +343,8 @@ pub fn unpack(artifact: &Path, dest: &Path) -> Result<Manifest> {
 
 /// Checks an artifact held in memory against the manifest it should carry
 /// ([`check_reader`]).
-pub fn check_bytes(bytes: &[u8], expected: &Manifest) -> Result<()> {
+#[cfg(test)]
+pub(crate) fn check_bytes(bytes: &[u8], expected: &Manifest) -> Result<()> {
     check_reader(bytes, expected)
 }
 
@@ -354,7 +355,7 @@ const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// the manifest it should carry: each tar entry's sha256, nothing missing,
 /// nothing extra, and its own `manifest.json` equal to `expected`. Entries
 /// are hashed as they are read, never held in memory whole.
-pub fn check_reader(reader: impl Read, expected: &Manifest) -> Result<()> {
+pub(crate) fn check_reader(reader: impl Read, expected: &Manifest) -> Result<()> {
     expected.validate()?;
     let tar_err = |e: std::io::Error| invalid(format!("reading the tar: {e}"));
     let mut want: BTreeMap<&str, &str> = expected

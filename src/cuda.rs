@@ -37,13 +37,13 @@ use crate::host_root::HostRoot;
 const CUDA_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The helper program, built from `src/cuda-check.c` by `build.rs`.
-pub const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gpu-driver-cuda-check"));
+pub(crate) const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gpu-driver-cuda-check"));
 
 /// Its name, in messages and as the memfd's name.
-pub const HELPER_NAME: &str = "gpu-driver-cuda-check";
+pub(crate) const HELPER_NAME: &str = "gpu-driver-cuda-check";
 
 /// The SONAME the check loads from the driver root's library directory.
-pub const LIBCUDA: &str = "libcuda.so.1";
+pub(crate) const LIBCUDA: &str = "libcuda.so.1";
 
 /// A failed call as the helper reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -77,7 +77,7 @@ pub struct CudaDevice {
 /// The helper's JSON line.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct HelperReport {
+pub(crate) struct HelperReport {
     /// The libcuda it loaded.
     pub library: String,
     /// `gnu_get_libc_version()`: the glibc it ran with.
@@ -131,7 +131,7 @@ pub struct CudaStatus {
 
 /// Parses the helper's stdout: one JSON object on its last non-empty line
 /// (libcuda itself prints nothing there, but a line before it is ignored).
-pub fn parse_report(stdout: &str) -> Result<HelperReport> {
+pub(crate) fn parse_report(stdout: &str) -> Result<HelperReport> {
     let line = stdout
         .lines()
         .map(str::trim)
@@ -149,14 +149,14 @@ pub fn parse_report(stdout: &str) -> Result<HelperReport> {
 }
 
 /// `cuDriverGetVersion`'s 1000 × major + 10 × minor as `major.minor`.
-pub fn api_version(v: i64) -> String {
+pub(crate) fn api_version(v: i64) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
 /// What a CUresult usually means on a node, and what to do about it.
 /// `None` for codes without node-specific advice (libcuda's own
 /// `cuGetErrorString` text is quoted for every code).
-pub fn explain(code: i64) -> Option<(&'static str, &'static str)> {
+pub(crate) fn explain(code: i64) -> Option<(&'static str, &'static str)> {
     Some(match code {
         3 => (
             "CUDA was not initialized",
@@ -208,7 +208,7 @@ pub fn explain(code: i64) -> Option<(&'static str, &'static str)> {
 
 /// `cuInit failed with 100 CUDA_ERROR_NO_DEVICE (no CUDA-capable device is
 /// detected)`, with [`explain`]'s meaning and hint when known.
-pub fn describe(err: &CudaError) -> String {
+pub(crate) fn describe(err: &CudaError) -> String {
     let mut text = match err.code {
         Some(code) => format!(
             "{} failed with {code} {}",
@@ -231,7 +231,7 @@ pub fn describe(err: &CudaError) -> String {
 /// count other than detect's is said but not a failure (nvidia-smi's check
 /// compares counts; CUDA does not enumerate GPUs in MIG mode without
 /// instances).
-pub fn judge(report: &HelperReport, expected_gpus: Option<usize>) -> Result<String> {
+pub(crate) fn judge(report: &HelperReport, expected_gpus: Option<usize>) -> Result<String> {
     if let Some(err) = &report.error {
         let mut msg = format!("CUDA: {}", describe(err));
         if err.call == "dlopen" || err.call.starts_with("dlsym") {
@@ -299,7 +299,7 @@ pub fn judge(report: &HelperReport, expected_gpus: Option<usize>) -> Result<Stri
 /// The host's dynamic loader for this CPU architecture, resolved inside
 /// the host root (Debian's `/lib64/ld-linux-x86-64.so.2` is an absolute
 /// link).
-pub fn find_loader(root: &HostRoot) -> Result<PathBuf> {
+pub(crate) fn find_loader(root: &HostRoot) -> Result<PathBuf> {
     let candidates: &[&str] = match std::env::consts::ARCH {
         "aarch64" => &[
             "/lib/ld-linux-aarch64.so.1",
@@ -338,7 +338,7 @@ pub fn find_loader(root: &HostRoot) -> Result<PathBuf> {
 /// directories (as the installer's mount namespace shows them) come only
 /// after these, which hold the host's libc, libm, libdl, libpthread and
 /// librt.
-pub fn library_path(root: &HostRoot, libcuda: &Path) -> Vec<PathBuf> {
+pub(crate) fn library_path(root: &HostRoot, libcuda: &Path) -> Vec<PathBuf> {
     let triplet = format!("{}-linux-gnu", std::env::consts::ARCH);
     let mut dirs: Vec<PathBuf> = libcuda
         .parent()
@@ -407,7 +407,7 @@ impl HelperFile {
 }
 
 /// The command that runs the helper on `libcuda` with the host's loader.
-pub fn helper_command(
+pub(crate) fn helper_command(
     loader: &Path,
     library_path: &[PathBuf],
     helper: &Path,
@@ -441,7 +441,7 @@ pub fn helper_command(
 /// Runs the helper and parses what it printed; a helper that printed no
 /// report (the loader refused it, it crashed) is `CudaCheckFailed` with its
 /// exit status and stderr.
-pub fn run_helper(root: &HostRoot, libcuda: &Path) -> Result<(PathBuf, HelperReport)> {
+pub(crate) fn run_helper(root: &HostRoot, libcuda: &Path) -> Result<(PathBuf, HelperReport)> {
     if !libcuda.is_file() {
         return Err(Error::new(
             Failure::CudaCheckFailed,
@@ -480,7 +480,7 @@ pub fn run_helper(root: &HostRoot, libcuda: &Path) -> Result<(PathBuf, HelperRep
 }
 
 /// The whole CUDA check of `verify`, reported whatever happens.
-pub fn check(root: &HostRoot, libcuda: &Path, expected_gpus: Option<usize>) -> CudaStatus {
+pub(crate) fn check(root: &HostRoot, libcuda: &Path, expected_gpus: Option<usize>) -> CudaStatus {
     let mut status = CudaStatus {
         library: libcuda.display().to_string(),
         ..CudaStatus::default()

@@ -43,7 +43,7 @@ pub fn spec(root: &HostRoot, kernel_release: Option<String>, arch: Option<CpuArc
 }
 
 /// A report that ended before detection could start (e.g. a bad catalog).
-pub fn detect_failed(spec: DetectSpec, error: Error) -> HostReport {
+pub(crate) fn detect_failed(spec: DetectSpec, error: Error) -> HostReport {
     step::document(spec, Err(Stopped::at_start(error)))
 }
 
@@ -53,7 +53,7 @@ pub fn detect_failed(spec: DetectSpec, error: Error) -> HostReport {
 /// its kernel and architecture. Nothing is read from a host; no GPU is
 /// known. `Detected` when the catalog lists the OS version, else
 /// `UnsupportedOs`.
-pub fn target_report(
+pub(crate) fn target_report(
     spec: DetectSpec,
     catalog: &Catalog,
     os_id: &str,
@@ -135,7 +135,7 @@ fn fill(st: &mut HostStatus, opts: &DetectOptions) -> Result<()> {
     Ok(())
 }
 
-pub fn os_supported(catalog: &Catalog, os: &OsInfo) -> bool {
+pub(crate) fn os_supported(catalog: &Catalog, os: &OsInfo) -> bool {
     match (catalog.os(&os.id), &os.version) {
         (Some(entry), Some(v)) => entry.release_for(v).is_some(),
         _ => false,
@@ -179,7 +179,7 @@ fn decide(st: &HostStatus, catalog: &Catalog) -> Result<Done> {
 }
 
 /// `UnsupportedOs` with what is supported, or Ok.
-pub fn check_os(catalog: &Catalog, os: &OsInfo) -> Result<()> {
+pub(crate) fn check_os(catalog: &Catalog, os: &OsInfo) -> Result<()> {
     let Some(entry) = catalog.os(&os.id) else {
         let ids: Vec<&str> = catalog.os.iter().map(|o| o.id.as_str()).collect();
         return Err(Error::new(

@@ -31,7 +31,8 @@ pub fn sha256_file(path: &Path, reason: Failure) -> Result<(String, u64)> {
 }
 
 /// The sha256 (lowercase hex) of bytes in memory.
-pub fn sha256_bytes(bytes: &[u8]) -> String {
+#[cfg(test)]
+pub(crate) fn sha256_bytes(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 

@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use gpu_driver_contract::reason::{Failure, Phase, Reason, ReasonClass, Success};
+pub use gpu_driver_contract::reason::{Failure, Reason, Success};
 
 /// What to do about an error, shown after its message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +74,7 @@ impl Error {
 
     /// Adds a hint on what to do about it (after any hint it has).
     /// [`Error::with_hint`], unless the hint is empty.
-    pub fn with_hint_if(self, hint: &str) -> Self {
+    pub(crate) fn with_hint_if(self, hint: &str) -> Self {
         if hint.is_empty() {
             self
         } else {
@@ -82,7 +82,7 @@ impl Error {
         }
     }
 
-    pub fn with_hint(mut self, hint: impl AsRef<str>) -> Self {
+    pub(crate) fn with_hint(mut self, hint: impl AsRef<str>) -> Self {
         let hint = hint.as_ref();
         self.hint = Some(Hint(match self.hint.take() {
             Some(Hint(first)) => format!("{first}; {hint}"),
@@ -92,7 +92,10 @@ impl Error {
     }
 
     /// Keeps the lower-level error this one comes from.
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+    pub(crate) fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         self.source = Some(Arc::new(source));
         self
     }

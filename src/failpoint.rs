@@ -4,11 +4,11 @@
 //! always outside tests) it does nothing.
 
 /// The environment variable naming the point to die at.
-pub const ENV: &str = "GPU_DRIVER_FAILPOINT";
+pub(crate) const ENV: &str = "GPU_DRIVER_FAILPOINT";
 
 /// Dies with SIGKILL (no destructors, no cleanup: a real kill -9) when
 /// `name` is the configured point.
-pub fn hit(name: &str) {
+pub(crate) fn hit(name: &str) {
     if std::env::var_os(ENV).is_some_and(|v| v == name) {
         tracing::warn!("{ENV}={name}: killing this process with SIGKILL");
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);

@@ -78,21 +78,6 @@ pub fn fetch_headers(
     fetch_headers_from(&AptSource::new(repo, suite), release, opts, scratch_root)
 }
 
-/// [`fetch_headers`] from the repository's index of `arch` (`binary-arm64`
-/// for an arm64 node): the headers and kbuild of the node's architecture.
-pub fn fetch_headers_for(
-    repo: &str,
-    suite: &str,
-    arch: CpuArch,
-    release: &str,
-    opts: &FetchPolicy,
-    scratch_root: &Path,
-) -> Result<HeadersTree> {
-    let mut source = AptSource::new(repo, suite);
-    source.architecture = arch.debian_name().to_string();
-    fetch_headers_from(&source, release, opts, scratch_root)
-}
-
 /// [`fetch_headers`] with the components and architecture chosen.
 pub fn fetch_headers_from(
     source: &AptSource,
@@ -450,7 +435,7 @@ fn check_tree(root: &Path, arch_rel: &Path, common_rel: &Path, release: &str) ->
 /// Headers installed on the host for `release`: `/usr/src/linux-headers-<rel>`
 /// or `/lib/modules/<rel>/build` (resolved inside the root), whichever holds
 /// a Makefile first. The path is the one we can open (root prefix included).
-pub fn installed_headers(root: &HostRoot, release: &str) -> Option<PathBuf> {
+pub(crate) fn installed_headers(root: &HostRoot, release: &str) -> Option<PathBuf> {
     [
         format!("/usr/src/linux-headers-{release}"),
         format!("/lib/modules/{release}/build"),

@@ -14,7 +14,7 @@ use crate::error::{Error, Failure, Result};
 /// holder should need (a download ends within its deadline, a compile in
 /// minutes); past it the holder is hung, and saying so beats waiting
 /// forever.
-pub const LOCK_WAIT: Duration = Duration::from_secs(3600);
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(3600);
 
 /// How often a waiter tries the lock again.
 const LOCK_POLL: Duration = Duration::from_millis(250);
@@ -22,12 +22,12 @@ const LOCK_POLL: Duration = Duration::from_millis(250);
 /// An exclusive flock on `file`, held until dropped. When another process
 /// holds it, says so on stderr (naming `path`) and waits, at most
 /// [`LOCK_WAIT`].
-pub fn lock_file(file: File, path: &Path, reason: Failure) -> Result<Flock<File>> {
+pub(crate) fn lock_file(file: File, path: &Path, reason: Failure) -> Result<Flock<File>> {
     lock_file_within(file, path, reason, LOCK_WAIT)
 }
 
 /// [`lock_file`] with an explicit bound on the wait.
-pub fn lock_file_within(
+pub(crate) fn lock_file_within(
     file: File,
     path: &Path,
     reason: Failure,
@@ -67,7 +67,7 @@ pub fn lock_file_within(
 }
 
 /// Opens (creating it if needed, never truncating) and locks `path`.
-pub fn lock(path: &Path, reason: Failure) -> Result<Flock<File>> {
+pub(crate) fn lock(path: &Path, reason: Failure) -> Result<Flock<File>> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)

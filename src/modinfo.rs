@@ -113,7 +113,7 @@ impl ModinfoError {
 
     /// The installer's error with the reason the caller gives (a module it
     /// built is a bad build, one from an artifact an invalid artifact).
-    pub fn into_error(self, reason: crate::error::Failure) -> crate::error::Error {
+    pub(crate) fn into_error(self, reason: crate::error::Failure) -> crate::error::Error {
         crate::error::Error::new(reason, self.to_string())
     }
 }
@@ -255,7 +255,7 @@ fn modinfo_section<'a, R: ReadRef<'a>>(
 
 /// Splits `.modinfo` contents: NUL-separated `key=value` strings, with NUL
 /// padding between them (sections are aligned).
-pub fn parse_fields(data: &[u8]) -> Result<Vec<(String, String)>, ModinfoError> {
+pub(crate) fn parse_fields(data: &[u8]) -> Result<Vec<(String, String)>, ModinfoError> {
     let mut fields = Vec::new();
     for raw in data.split(|&b| b == 0).filter(|s| !s.is_empty()) {
         let text = String::from_utf8_lossy(raw);

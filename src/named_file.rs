@@ -11,7 +11,7 @@ use crate::error::{Error, Failure, Result};
 /// host) may be read: what it is, for messages; its size cap; the reason a
 /// refusal carries; and what to do about it.
 #[derive(Clone, Copy, Debug)]
-pub struct Named {
+pub(crate) struct Named {
     pub what: &'static str,
     pub max: u64,
     pub reason: Failure,
@@ -23,7 +23,7 @@ impl Named {
     /// such as `/dev/zero` never end), at most `max` bytes. The open is
     /// non-blocking, so even a FIFO without a writer cannot hang it. A
     /// missing file is an error naming it.
-    pub fn read(&self, path: &Path) -> Result<Vec<u8>> {
+    pub(crate) fn read(&self, path: &Path) -> Result<Vec<u8>> {
         match self.read_optional(path)? {
             Some(bytes) => Ok(bytes),
             None => Err(Error::new(
@@ -35,7 +35,7 @@ impl Named {
     }
 
     /// [`Named::read`], with `Ok(None)` when the file does not exist.
-    pub fn read_optional(&self, path: &Path) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn read_optional(&self, path: &Path) -> Result<Option<Vec<u8>>> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = match OpenOptions::new()
             .read(true)
@@ -83,7 +83,7 @@ impl Named {
 
     /// [`Named::read`] as UTF-8 text. A file that is not text is named,
     /// never quoted.
-    pub fn read_text(&self, path: &Path) -> Result<String> {
+    pub(crate) fn read_text(&self, path: &Path) -> Result<String> {
         String::from_utf8(self.read(path)?).map_err(|e| {
             Error::new(
                 self.reason,
@@ -128,24 +128,24 @@ pub(crate) mod hostile {
     use std::path::{Path, PathBuf};
 
     /// The secret that [`secret_file`] holds; no message may show it.
-    pub const SECRET: &str = "hunter2-do-not-print";
+    pub(crate) const SECRET: &str = "hunter2-do-not-print";
 
     /// A FIFO without a writer: a blocking open would wait forever.
-    pub fn fifo(dir: &Path) -> PathBuf {
+    pub(crate) fn fifo(dir: &Path) -> PathBuf {
         let p = dir.join("fifo");
         nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
         p
     }
 
     /// A link to `/dev/zero`: a read to the end never ends.
-    pub fn zero(dir: &Path) -> PathBuf {
+    pub(crate) fn zero(dir: &Path) -> PathBuf {
         let p = dir.join("zero");
         std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
         p
     }
 
     /// A sparse regular file one byte over `max`.
-    pub fn oversized(dir: &Path, max: u64) -> PathBuf {
+    pub(crate) fn oversized(dir: &Path, max: u64) -> PathBuf {
         let p = dir.join("big");
         std::fs::File::create(&p).unwrap().set_len(max + 1).unwrap();
         p
@@ -153,7 +153,7 @@ pub(crate) mod hostile {
 
     /// A file that is not what the reader expects and holds a secret, as
     /// `/proc/self/environ` or a credentials file would.
-    pub fn secret_file(dir: &Path) -> PathBuf {
+    pub(crate) fn secret_file(dir: &Path) -> PathBuf {
         let p = dir.join("environ");
         std::fs::write(
             &p,
@@ -165,7 +165,10 @@ pub(crate) mod hostile {
 
     /// `read` refuses each hostile file at once, says why, names it, and
     /// never shows the secret.
-    pub fn assert_refused<T: Debug>(max: u64, read: impl Fn(&Path) -> crate::error::Result<T>) {
+    pub(crate) fn assert_refused<T: Debug>(
+        max: u64,
+        read: impl Fn(&Path) -> crate::error::Result<T>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         for (file, why) in [
             (fifo(dir.path()), Some("a FIFO")),

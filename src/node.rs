@@ -20,7 +20,7 @@ pub use gpu_driver_contract::node::{
 
 /// The most a host file the installer reads may hold: os-release and the
 /// `/proc` and `/sys` files are a few KiB.
-pub const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
 
 /// How host files are read: small, regular files only.
 const HOST_FILE: crate::named_file::Named = crate::named_file::Named {
@@ -33,12 +33,12 @@ const HOST_FILE: crate::named_file::Named = crate::named_file::Named {
 /// Reads a small host file ([`crate::named_file::Named::read_optional`]): a
 /// regular file only, at most [`MAX_HOST_FILE_BYTES`]; `Ok(None)` when it
 /// does not exist.
-pub fn read_host_file(path: &Path) -> Result<Option<Vec<u8>>> {
+pub(crate) fn read_host_file(path: &Path) -> Result<Option<Vec<u8>>> {
     HOST_FILE.read_optional(path)
 }
 
 /// Reads a small host text file that may be absent ([`read_host_file`]).
-pub fn read_optional(path: &Path) -> Result<Option<String>> {
+pub(crate) fn read_optional(path: &Path) -> Result<Option<String>> {
     match read_host_file(path)? {
         None => Ok(None),
         Some(bytes) => String::from_utf8(bytes).map(Some).map_err(|_| {
@@ -54,7 +54,7 @@ pub fn read_optional(path: &Path) -> Result<Option<String>> {
 
 /// Parses os-release(5): `KEY=value` lines, values optionally quoted with
 /// shell quoting rules; comments and blank lines ignored.
-pub fn parse_os_release(text: &str) -> BTreeMap<String, String> {
+pub(crate) fn parse_os_release(text: &str) -> BTreeMap<String, String> {
     let mut map = BTreeMap::new();
     for line in text.lines() {
         let line = line.trim();
@@ -105,7 +105,7 @@ fn unquote(raw: &str) -> String {
     out
 }
 
-pub fn os_info_from(map: &BTreeMap<String, String>, source: &str) -> Result<OsInfo> {
+pub(crate) fn os_info_from(map: &BTreeMap<String, String>, source: &str) -> Result<OsInfo> {
     let get = |k: &str| map.get(k).filter(|v| !v.is_empty()).cloned();
     let id = get("ID").ok_or_else(|| {
         Error::new(
@@ -132,7 +132,7 @@ pub fn os_info_from(map: &BTreeMap<String, String>, source: &str) -> Result<OsIn
 }
 
 /// os-release from `/etc/os-release`, else `/usr/lib/os-release`.
-pub fn read_os(root: &HostRoot) -> Result<OsInfo> {
+pub(crate) fn read_os(root: &HostRoot) -> Result<OsInfo> {
     for rel in OS_RELEASE_PATHS {
         // Distributions ship /etc/os-release as a link (relative or absolute)
         // to /usr/lib/os-release: follow it inside the host root.
@@ -154,15 +154,17 @@ pub fn read_os(root: &HostRoot) -> Result<OsInfo> {
 }
 
 /// A Garden Linux version: `1592.4` (two parts) or `2150.0.0` (three parts).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct GardenLinuxVersion {
+pub(crate) struct GardenLinuxVersion {
     pub major: u32,
     pub minor: u32,
     pub patch: Option<u32>,
 }
 
+#[cfg(test)]
 impl GardenLinuxVersion {
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         let parts: Vec<u32> = s
             .split('.')
             .map(|p| p.parse().ok())
@@ -187,7 +189,7 @@ impl GardenLinuxVersion {
 
 /// The running kernel's release: `<root>/proc/sys/kernel/osrelease`, else
 /// uname(2).
-pub fn read_kernel_release(root: &HostRoot) -> Result<String> {
+pub(crate) fn read_kernel_release(root: &HostRoot) -> Result<String> {
     let path = root.kernel_path("/proc/sys/kernel/osrelease");
     if let Some(s) = read_optional(&path)? {
         let s = s.trim();
@@ -204,7 +206,7 @@ pub fn read_kernel_release(root: &HostRoot) -> Result<String> {
     Ok(uts.release().to_string_lossy().into_owned())
 }
 
-pub fn read_boot_id(root: &HostRoot) -> Result<Option<String>> {
+pub(crate) fn read_boot_id(root: &HostRoot) -> Result<Option<String>> {
     let path = root.kernel_path("/proc/sys/kernel/random/boot_id");
     Ok(read_optional(&path)?.map(|s| s.trim().to_string()))
 }
@@ -212,10 +214,10 @@ pub fn read_boot_id(root: &HostRoot) -> Result<Option<String>> {
 /// The numeric part of a kernel release: `6.12.57+deb13-cloud-amd64` →
 /// (6, 12, 57).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct KernelVersion(pub u32, pub u32, pub u32);
+pub(crate) struct KernelVersion(pub u32, pub u32, pub u32);
 
 impl KernelVersion {
-    pub fn parse(release: &str) -> Option<Self> {
+    pub(crate) fn parse(release: &str) -> Option<Self> {
         let end = release
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(release.len());
@@ -227,7 +229,7 @@ impl KernelVersion {
     }
 
     /// `6.12`
-    pub fn series(&self) -> String {
+    pub(crate) fn series(&self) -> String {
         format!("{}.{}", self.0, self.1)
     }
 }
@@ -242,7 +244,7 @@ impl std::fmt::Display for KernelVersion {
 
 /// One PCI function as sysfs describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PciDevice {
+pub(crate) struct PciDevice {
     pub address: String,
     pub vendor: u16,
     pub device: u16,
@@ -251,11 +253,11 @@ pub struct PciDevice {
     pub subsystem_device: Option<u16>,
 }
 
-pub const NVIDIA_VENDOR: u16 = 0x10de;
+pub(crate) const NVIDIA_VENDOR: u16 = 0x10de;
 
 /// What an NVIDIA PCI function is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PciRole {
+pub(crate) enum PciRole {
     /// Display controller (class 0x03xxxx): VGA or 3D controller.
     Gpu,
     /// NVSwitch fabric bridge (class 0x0680xx).
@@ -266,7 +268,7 @@ pub enum PciRole {
 }
 
 impl PciDevice {
-    pub fn role(&self) -> PciRole {
+    pub(crate) fn role(&self) -> PciRole {
         if self.vendor != NVIDIA_VENDOR {
             return PciRole::NotNvidia;
         }
@@ -291,13 +293,13 @@ fn parse_hex<T: TryFrom<u64>>(s: &str) -> Option<T> {
 
 /// The PCI device directory: `<root>/sys/bus/pci/devices` if the root has a
 /// `/sys`, else our own `/sys/bus/pci/devices`.
-pub fn pci_devices_dir(root: &HostRoot) -> PathBuf {
+pub(crate) fn pci_devices_dir(root: &HostRoot) -> PathBuf {
     root.kernel_path("/sys/bus/pci/devices")
 }
 
 /// Reads every function under a sysfs `devices` directory. Entries are
 /// symlinks into `/sys/devices/...`; reading through them follows them.
-pub fn read_pci_devices(dir: &Path) -> Result<Vec<PciDevice>> {
+pub(crate) fn read_pci_devices(dir: &Path) -> Result<Vec<PciDevice>> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
@@ -344,7 +346,7 @@ pub fn read_pci_devices(dir: &Path) -> Result<Vec<PciDevice>> {
 
 /// Modules that matter to us from `/proc/modules`: NVIDIA's and nouveau,
 /// which must not be loaded alongside NVIDIA's driver.
-pub fn parse_proc_modules(text: &str) -> Result<Vec<LoadedModule>> {
+pub(crate) fn parse_proc_modules(text: &str) -> Result<Vec<LoadedModule>> {
     use procfs::FromBufRead;
     let mods = procfs::KernelModules::from_buf_read(text.as_bytes()).map_err(|e| {
         Error::new(
@@ -373,7 +375,7 @@ pub fn parse_proc_modules(text: &str) -> Result<Vec<LoadedModule>> {
 /// Parses `/proc/driver/nvidia/version`:
 /// `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.195.03  Release Build …`
 /// or `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Wed Jul …`.
-pub fn parse_nvidia_version(text: &str) -> Option<LoadedDriver> {
+pub(crate) fn parse_nvidia_version(text: &str) -> Option<LoadedDriver> {
     let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
     let after = &line[line.find("Kernel Module")? + "Kernel Module".len()..];
     let version = after.split_whitespace().find(|w| is_driver_version(w))?;
@@ -389,7 +391,7 @@ pub fn parse_nvidia_version(text: &str) -> Option<LoadedDriver> {
 }
 
 /// `535.261.03`, `580.95.05`, `550.54` — digits separated by dots, 2–3 parts.
-pub fn is_driver_version(s: &str) -> bool {
+pub(crate) fn is_driver_version(s: &str) -> bool {
     let parts: Vec<&str> = s.split('.').collect();
     (2..=3).contains(&parts.len())
         && parts
@@ -419,7 +421,7 @@ pub fn running_arch() -> Result<CpuArch> {
 const SECURE_BOOT_VAR: &str = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
 
 /// efivarfs files hold 4 bytes of attributes, then the value.
-pub fn parse_secure_boot_var(bytes: &[u8]) -> SecureBoot {
+pub(crate) fn parse_secure_boot_var(bytes: &[u8]) -> SecureBoot {
     match bytes.get(4) {
         Some(1) => SecureBoot::Enabled,
         Some(0) => SecureBoot::Disabled,
@@ -427,7 +429,7 @@ pub fn parse_secure_boot_var(bytes: &[u8]) -> SecureBoot {
     }
 }
 
-pub fn read_secure_boot(root: &HostRoot) -> Result<SecureBoot> {
+pub(crate) fn read_secure_boot(root: &HostRoot) -> Result<SecureBoot> {
     let efi = root.kernel_path("/sys/firmware/efi");
     if !efi.is_dir() {
         return Ok(SecureBoot::NotEfi);
@@ -446,7 +448,7 @@ pub fn read_secure_boot(root: &HostRoot) -> Result<SecureBoot> {
 
 /// `/sys/kernel/security/lockdown`: `none [integrity] confidentiality`;
 /// the bracketed one is in force.
-pub fn parse_lockdown(text: &str) -> Option<Lockdown> {
+pub(crate) fn parse_lockdown(text: &str) -> Option<Lockdown> {
     text.split_whitespace()
         .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
         .and_then(|m| match m {
@@ -458,7 +460,7 @@ pub fn parse_lockdown(text: &str) -> Option<Lockdown> {
 }
 
 /// The lockdown mode; `None` without securityfs or the lockdown LSM.
-pub fn read_lockdown(root: &HostRoot) -> Result<Option<Lockdown>> {
+pub(crate) fn read_lockdown(root: &HostRoot) -> Result<Option<Lockdown>> {
     let path = root.kernel_path("/sys/kernel/security/lockdown");
     Ok(read_optional(&path)
         .ok()
@@ -471,7 +473,7 @@ pub fn read_lockdown(root: &HostRoot) -> Result<Option<Lockdown>> {
 /// Secure Boot on (Debian's and Garden Linux's kernels lock down then),
 /// lockdown `integrity`/`confidentiality`, or `module.sig_enforce=Y`.
 /// `None` when nothing could be read.
-pub fn module_signatures_required(
+pub(crate) fn module_signatures_required(
     secure_boot: Option<SecureBoot>,
     lockdown: Option<Lockdown>,
     sig_enforce: Option<bool>,
@@ -492,7 +494,7 @@ pub fn module_signatures_required(
 
 /// `/sys/module/module/parameters/sig_enforce` (`Y`/`N`); `None` when the
 /// kernel has no module signing.
-pub fn read_sig_enforce(root: &HostRoot) -> Option<bool> {
+pub(crate) fn read_sig_enforce(root: &HostRoot) -> Option<bool> {
     let path = root.kernel_path("/sys/module/module/parameters/sig_enforce");
     match read_optional(&path).ok().flatten()?.trim() {
         "Y" => Some(true),
@@ -504,14 +506,14 @@ pub fn read_sig_enforce(root: &HostRoot) -> Option<bool> {
 /// What decides whether the host loads only signed modules, read once for
 /// detect's report and install's check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SignaturePolicy {
+pub(crate) struct SignaturePolicy {
     pub secure_boot: SecureBoot,
     pub lockdown: Option<Lockdown>,
     pub sig_enforce: Option<bool>,
 }
 
 impl SignaturePolicy {
-    pub fn read(root: &HostRoot) -> Result<SignaturePolicy> {
+    pub(crate) fn read(root: &HostRoot) -> Result<SignaturePolicy> {
         Ok(SignaturePolicy {
             secure_boot: read_secure_boot(root)?,
             lockdown: read_lockdown(root)?,
@@ -520,12 +522,12 @@ impl SignaturePolicy {
     }
 
     /// [`module_signatures_required`] of these readings.
-    pub fn required(&self) -> Option<bool> {
+    pub(crate) fn required(&self) -> Option<bool> {
         module_signatures_required(Some(self.secure_boot), self.lockdown, self.sig_enforce)
     }
 
     /// What makes signatures mandatory, for messages.
-    pub fn why(&self) -> String {
+    pub(crate) fn why(&self) -> String {
         let mut why = Vec::new();
         if self.secure_boot == SecureBoot::Enabled {
             why.push("Secure Boot is on".to_string());

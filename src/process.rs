@@ -16,14 +16,14 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Failure, Result};
 
 /// Lines of stderr quoted in a failure message.
-pub const STDERR_TAIL_LINES: usize = 5;
+pub(crate) const STDERR_TAIL_LINES: usize = 5;
 
 /// Byte bound of the quoted stderr tail.
 const STDERR_TAIL_BYTES: usize = 2000;
 
 /// The C locale, so that compiler and tool messages are in the English the
 /// parsers expect.
-pub const C_LOCALE: &[(&str, &str)] = &[
+pub(crate) const C_LOCALE: &[(&str, &str)] = &[
     ("LC_ALL", "C"),
     ("LANG", "C"),
     ("LC_CTYPE", "C"),
@@ -34,7 +34,7 @@ pub const C_LOCALE: &[(&str, &str)] = &[
 /// `AWS_*`, `GOOGLE_*`, `AZURE_*`, proxy URLs with passwords, the Job's
 /// whole environment) stays with the installer. PATH finds the tools and
 /// TMPDIR is where the compiler writes its temporaries.
-pub const INHERITED_ENV: &[&str] = &["PATH", "TMPDIR"];
+pub(crate) const INHERITED_ENV: &[&str] = &["PATH", "TMPDIR"];
 
 /// PATH when the installer itself has none (an empty Job environment).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -42,7 +42,7 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// A command for `program` with an explicit, minimal environment: the
 /// [`INHERITED_ENV`] variables and the C locale, nothing else. Every
 /// external tool the installer runs is made here.
-pub fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+pub(crate) fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
     cmd.env_clear();
     for var in INHERITED_ENV {
@@ -58,14 +58,14 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
 }
 
 /// `program arg1 arg2 …` as it would be typed, for messages and logs.
-pub fn command_line(cmd: &Command) -> String {
+pub(crate) fn command_line(cmd: &Command) -> String {
     let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
     parts.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
     parts.join(" ")
 }
 
 /// The last lines of a tool's stderr, bounded, on one line.
-pub fn stderr_tail(stderr: &[u8]) -> String {
+pub(crate) fn stderr_tail(stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);
     let tail = crate::text::tail_lines(&text, STDERR_TAIL_LINES);
     let cut = tail.len().saturating_sub(STDERR_TAIL_BYTES);
@@ -79,15 +79,15 @@ pub fn stderr_tail(stderr: &[u8]) -> String {
 /// The longest any tool may run unless its caller says otherwise: far
 /// above what modprobe, ldconfig, strip or systemctl need, so that only a
 /// hung one meets it.
-pub const TOOL_DEADLINE: Duration = Duration::from_secs(600);
+pub(crate) const TOOL_DEADLINE: Duration = Duration::from_secs(600);
 
 /// The most a tool may print on either stream: nvidia-smi's longest report
 /// is a few hundred KiB. Past it the tool is killed, not buffered.
-pub const MAX_TOOL_OUTPUT: usize = 16 << 20;
+pub(crate) const MAX_TOOL_OUTPUT: usize = 16 << 20;
 
 /// Runs `cmd` to completion (stdin closed) and returns what it printed,
 /// whatever its exit status, within [`TOOL_DEADLINE`] ([`output_within`]).
-pub fn output(cmd: &mut Command, reason: Failure) -> Result<Output> {
+pub(crate) fn output(cmd: &mut Command, reason: Failure) -> Result<Output> {
     output_within(cmd, reason, TOOL_DEADLINE)
 }
 
@@ -97,7 +97,11 @@ pub fn output(cmd: &mut Command, reason: Failure) -> Result<Output> {
 /// is `reason`, naming the command line, except that running past the
 /// deadline is `TimedOut`; in the last two cases the whole group (the tool
 /// and whatever it started) is killed first.
-pub fn output_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> Result<Output> {
+pub(crate) fn output_within(
+    cmd: &mut Command,
+    reason: Failure,
+    deadline: Duration,
+) -> Result<Output> {
     use std::os::unix::process::CommandExt;
     let started = Instant::now();
     let mut child = cmd
@@ -341,12 +345,12 @@ fn kill_group(child: &mut std::process::Child) {
 
 /// Like [`output`], and an unsuccessful exit is `reason` too, quoting the
 /// command line, the status and the tail of stderr.
-pub fn run(cmd: &mut Command, reason: Failure) -> Result<Output> {
+pub(crate) fn run(cmd: &mut Command, reason: Failure) -> Result<Output> {
     run_within(cmd, reason, TOOL_DEADLINE)
 }
 
 /// [`run`] with an explicit deadline ([`output_within`]).
-pub fn run_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> Result<Output> {
+pub(crate) fn run_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> Result<Output> {
     let out = output_within(cmd, reason, deadline)?;
     if out.status.success() {
         Ok(out)
@@ -358,7 +362,7 @@ pub fn run_within(cmd: &mut Command, reason: Failure, deadline: Duration) -> Res
 /// The error for a finished, unsuccessful command: the tail of its stderr,
 /// and of its stdout too when it printed there (nvidia-smi reports its
 /// failures on stdout).
-pub fn exit_error(cmd: &Command, out: &Output, reason: Failure) -> Error {
+pub(crate) fn exit_error(cmd: &Command, out: &Output, reason: Failure) -> Error {
     let mut message = format!("{} exited with {}", command_line(cmd), out.status);
     let quoted: Vec<String> = [&out.stderr, &out.stdout]
         .into_iter()
@@ -379,7 +383,7 @@ pub fn exit_error(cmd: &Command, out: &Output, reason: Failure) -> Error {
 /// (a compile's failure is read from the log). Past `deadline` its process
 /// group (make and every compiler it started) is killed: `TimedOut`,
 /// naming the deadline and the log.
-pub fn run_logged(
+pub(crate) fn run_logged(
     program: &str,
     args: &[OsString],
     log: &Path,

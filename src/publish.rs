@@ -3,7 +3,7 @@
 //! through `confined_fs` instead, which confines path resolution to the root.
 
 use std::fs::File;
-use std::io::{ErrorKind, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -13,7 +13,7 @@ use crate::error::{Error, Failure, Result};
 /// (created with O_EXCL by tempfile), fsyncs it, gives it `mode` and renames
 /// it over `path`, then syncs the directory: a reader sees the old file or
 /// the new one, never half of one. The directory is created if missing.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32, reason: Failure) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32, reason: Failure) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -36,18 +36,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32, reason: Failure) -> Re
 
 /// Makes a rename or creation in `dir` durable. Best effort: a directory
 /// that cannot be opened or synced only loses durability, not data.
-pub fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
-    }
-}
-
-/// Deletes a file; one that is already gone is fine.
-pub fn remove_file_if_present(path: &Path, reason: Failure) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(reason, "deleting", path, e)),
     }
 }
 

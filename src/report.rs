@@ -16,7 +16,7 @@ pub use gpu_driver_contract::report::{
 
 /// Pretty JSON with a trailing newline, as printed on stdout; credentials
 /// in any URL masked ([`crate::redact`]).
-pub fn to_json<T: Serialize>(doc: &T) -> Result<String> {
+pub(crate) fn to_json<T: Serialize>(doc: &T) -> Result<String> {
     let s = serde_json::to_string_pretty(doc)
         .map_err(|e| Error::new(Failure::Internal, format!("serializing result: {e}")))?;
     let mut s = crate::redact::text(&s).into_owned();
@@ -32,7 +32,7 @@ pub fn termination_message<T: ResultDocument>(kind: Kind, doc: &T) -> Result<Str
 
 /// Writes the termination message only when the file already exists and is
 /// writable: Kubernetes creates it; anywhere else we must not create files.
-pub fn write_termination_log(path: &Path, message: &str) -> Result<bool> {
+pub(crate) fn write_termination_log(path: &Path, message: &str) -> Result<bool> {
     let mut file = match OpenOptions::new().write(true).truncate(true).open(path) {
         Ok(f) => f,
         Err(e)

@@ -29,9 +29,7 @@ enum AnyResult {
     CatalogCheck(CatalogCheck),
 }
 
-pub const COMMITTED_PATH: &str = "schema/results.v1alpha1.json";
-
-pub fn results_schema_json() -> Result<String> {
+pub(crate) fn results_schema_json() -> Result<String> {
     let mut schema = schemars::schema_for!(AnyResult);
     schema.insert(
         "title".into(),

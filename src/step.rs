@@ -52,7 +52,7 @@ pub struct Stopped<S> {
 impl<S: StepStatus> Stopped<S> {
     /// Stopped before the work began (bad arguments, an unreadable
     /// catalog): nothing was found.
-    pub fn at_start(error: Error) -> Self {
+    pub(crate) fn at_start(error: Error) -> Self {
         Stopped {
             error,
             status: Box::new(S::unfinished()),
@@ -61,7 +61,7 @@ impl<S: StepStatus> Stopped<S> {
 }
 
 /// What a step's work returns.
-pub type StepResult<S> = std::result::Result<S, Stopped<S>>;
+pub(crate) type StepResult<S> = std::result::Result<S, Stopped<S>>;
 
 /// Runs `work`, which fills `status` as it learns, and ends it with the
 /// work's success or the error that stopped it.

@@ -33,7 +33,7 @@ pub fn init() {
 
 /// Mozilla's roots, bundled in the binary: builder roots and scratch images
 /// have no `/etc/ssl/certs`.
-pub fn web_roots() -> RootCertStore {
+pub(crate) fn web_roots() -> RootCertStore {
     let mut roots = RootCertStore::empty();
     roots.add_parsable_certificates(webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter().cloned());
     roots

@@ -18,23 +18,23 @@ use crate::host_root::HostRoot;
 use crate::node::CpuArch;
 
 /// Utilities, inside the artifact and the driver root.
-pub const BIN_DIR: &str = "usr/bin";
+pub(crate) const BIN_DIR: &str = "usr/bin";
 /// The ld.so.conf.d entry install writes on the host.
-pub const LD_SO_CONF: &str = "/etc/ld.so.conf.d/gpu-driver.conf";
+pub(crate) const LD_SO_CONF: &str = "/etc/ld.so.conf.d/gpu-driver.conf";
 /// Where the NVIDIA GPU Operator's container toolkit and device plugin look
 /// for a containerized driver's root filesystem.
-pub const RUN_NVIDIA_DRIVER: &str = "/run/nvidia/driver";
+pub(crate) const RUN_NVIDIA_DRIVER: &str = "/run/nvidia/driver";
 
-pub use gpu_driver_contract::layout::lib_dir;
+pub(crate) use gpu_driver_contract::layout::lib_dir;
 
 /// [`lib_dir`] of another architecture (a cross build's target).
-pub fn lib_dir_for(arch: CpuArch) -> String {
+pub(crate) fn lib_dir_for(arch: CpuArch) -> String {
     format!("usr/lib/{}", arch.gnu_triplet())
 }
 
 /// One entry of NVIDIA's `.manifest`: `name perms TYPE [fields…]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DotManifestEntry {
+pub(crate) struct DotManifestEntry {
     pub name: String,
     pub mode: u32,
     pub kind: String,
@@ -44,7 +44,7 @@ pub struct DotManifestEntry {
 
 /// Parses a `.manifest`: the header lines (description, version, …) are
 /// skipped by shape; an entry has an octal mode and an upper-case type.
-pub fn parse_dot_manifest(text: &str) -> Vec<DotManifestEntry> {
+pub(crate) fn parse_dot_manifest(text: &str) -> Vec<DotManifestEntry> {
     let mut out = Vec::new();
     for line in text.lines() {
         let mut words = line.split_whitespace();
@@ -78,7 +78,7 @@ pub fn parse_dot_manifest(text: &str) -> Vec<DotManifestEntry> {
 
 /// What goes into the artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
+pub(crate) enum Placement {
     /// A file of the package (`src`, relative to the `.manifest`'s
     /// directory) at `dest` in the artifact.
     File {
@@ -127,7 +127,7 @@ fn base_name(p: &str) -> Option<&str> {
 /// comes from a downloaded package and must not place files outside the
 /// driver root. Libraries go to `lib` ([`lib_dir_for`] the package's
 /// architecture).
-pub fn select(entries: &[DotManifestEntry], lib: &str) -> Vec<Placement> {
+pub(crate) fn select(entries: &[DotManifestEntry], lib: &str) -> Vec<Placement> {
     let mut out = Vec::new();
     for e in entries {
         let kind = e.kind.as_str();
@@ -177,7 +177,7 @@ pub fn select(entries: &[DotManifestEntry], lib: &str) -> Vec<Placement> {
 
 /// Finds the `.manifest` of an extracted `.run` (at the top, or one
 /// directory down); `None` for sources without one (Debian's tarballs).
-pub fn find_dot_manifest(extracted: &Path) -> Option<PathBuf> {
+pub(crate) fn find_dot_manifest(extracted: &Path) -> Option<PathBuf> {
     let top = extracted.join(".manifest");
     if top.is_file() {
         return Some(top);
@@ -196,7 +196,10 @@ pub fn find_dot_manifest(extracted: &Path) -> Option<PathBuf> {
 /// Reads and selects the user space of an extracted package: the
 /// placements and the directory their `src` paths are relative to. Every
 /// selected file must exist (`ArchiveInvalid` otherwise).
-pub fn collect(extracted: &Path, arch: CpuArch) -> Result<Option<(PathBuf, Vec<Placement>)>> {
+pub(crate) fn collect(
+    extracted: &Path,
+    arch: CpuArch,
+) -> Result<Option<(PathBuf, Vec<Placement>)>> {
     let Some(manifest) = find_dot_manifest(extracted) else {
         return Ok(None);
     };
@@ -241,7 +244,7 @@ pub fn collect(extracted: &Path, arch: CpuArch) -> Result<Option<(PathBuf, Vec<P
 /// a shell wrapper around `ldconfig.real`, which is static, so the real one
 /// is preferred; `-r ROOT` makes it read and write the host's
 /// configuration and cache when the host root is not `/`.
-pub fn ldconfig_command(root: &HostRoot) -> Option<(PathBuf, Vec<OsString>)> {
+pub(crate) fn ldconfig_command(root: &HostRoot) -> Option<(PathBuf, Vec<OsString>)> {
     let found = [
         "/sbin/ldconfig.real",
         "/usr/sbin/ldconfig.real",
@@ -260,7 +263,7 @@ pub fn ldconfig_command(root: &HostRoot) -> Option<(PathBuf, Vec<OsString>)> {
 
 /// Runs ldconfig for the host and returns its command line; the error
 /// carries the command line and its stderr tail.
-pub fn run_ldconfig(root: &HostRoot) -> Result<String> {
+pub(crate) fn run_ldconfig(root: &HostRoot) -> Result<String> {
     let Some((program, args)) = ldconfig_command(root) else {
         return Err(Error::new(
             Failure::Internal,
@@ -278,7 +281,7 @@ pub fn run_ldconfig(root: &HostRoot) -> Result<String> {
 
 /// The `ld.so.conf.d` line: the current driver root's library directory,
 /// as the host sees it, so that switching `current` needs no rewrite.
-pub fn ld_so_conf_text(current: &Path) -> String {
+pub(crate) fn ld_so_conf_text(current: &Path) -> String {
     format!(
         "# Written by gpu-driver-installer: NVIDIA's libraries of the current driver root.\n{}\n",
         current.join(lib_dir()).display()
@@ -287,7 +290,7 @@ pub fn ld_so_conf_text(current: &Path) -> String {
 
 /// Writes the `ld.so.conf.d` entry naming `current`'s library directory,
 /// confined to the host root; one that says so already is left alone.
-pub fn write_ld_so_conf(fs: &HostFs, current: &Path) -> Result<()> {
+pub(crate) fn write_ld_so_conf(fs: &HostFs, current: &Path) -> Result<()> {
     let text = ld_so_conf_text(current);
     if fs.read(LD_SO_CONF)?.is_some_and(|t| t == text.as_bytes()) {
         return Ok(());
@@ -297,7 +300,7 @@ pub fn write_ld_so_conf(fs: &HostFs, current: &Path) -> Result<()> {
 
 /// How `/run/nvidia/driver` shows the current driver root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exposure {
+pub(crate) enum Exposure {
     /// Nothing (or our link) was there: a link to `current`, which pods
     /// started later resolve when they mount the path.
     Linked,
@@ -313,7 +316,7 @@ pub enum Exposure {
 /// happen in PID 1's mount namespace: a single-threaded child of this
 /// binary enters it (`setns` refuses multi-threaded callers) and mounts
 /// there; otherwise it happens here, on paths resolved inside the root.
-pub fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
+pub(crate) fn expose_driver_root(fs: &HostFs, current: &Path) -> Result<Exposure> {
     match fs.kind(RUN_NVIDIA_DRIVER)? {
         Some(Kind::Symlink) if fs.read_link(RUN_NVIDIA_DRIVER).is_ok_and(|t| t == current) => {
             return Ok(Exposure::Linked);
@@ -390,11 +393,11 @@ fn check_run_dir_is_free(fs: &HostFs) -> Result<()> {
 }
 
 /// PID 1's mount namespace: the host's, seen from a hostPID pod.
-pub const PID1_MOUNT_NS: &str = "/proc/1/ns/mnt";
+pub(crate) const PID1_MOUNT_NS: &str = "/proc/1/ns/mnt";
 
 /// Enters the mount namespace at `ns`. Only a single-threaded process may
 /// (the `expose-driver-root` child calls it first thing).
-pub fn enter_mount_namespace(ns: &Path) -> Result<()> {
+pub(crate) fn enter_mount_namespace(ns: &Path) -> Result<()> {
     let file = fs::File::open(ns).map_err(|e| Error::io(Failure::Internal, "opening", ns, e))?;
     nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| {
         Error::new(
@@ -407,7 +410,7 @@ pub fn enter_mount_namespace(ns: &Path) -> Result<()> {
 
 /// Bind-mounts `src` onto `dst` read-only, replacing an earlier mount
 /// there (detached: pods still using files of the old root keep them).
-pub fn bind_read_only(src: &Path, dst: &Path) -> Result<()> {
+pub(crate) fn bind_read_only(src: &Path, dst: &Path) -> Result<()> {
     use nix::mount::{MntFlags, MsFlags, mount, umount2};
     let failed = |what: &str, e: nix::Error| {
         Error::new(
@@ -436,7 +439,7 @@ pub fn bind_read_only(src: &Path, dst: &Path) -> Result<()> {
 
 /// The mount points of a `/proc/self/mountinfo` (field 5, with the
 /// kernel's octal escapes for space, tab, newline and backslash undone).
-pub fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
+pub(crate) fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|l| l.split(' ').nth(4))

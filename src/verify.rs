@@ -22,7 +22,7 @@ use crate::step::{self, Done, StepStatus};
 const SMI_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The query verify runs; its CSV columns are what [`parse_smi_csv`] reads.
-pub const SMI_ARGS: &[&str] = &[
+pub(crate) const SMI_ARGS: &[&str] = &[
     "--query-gpu=name,uuid,driver_version,memory.total",
     "--format=csv,noheader",
 ];
@@ -67,7 +67,7 @@ pub struct VerifyStatus {
     pub cuda: Option<CudaStatus>,
 }
 
-pub type VerifyResult = Document<VerifySpec, VerifyStatus>;
+pub(crate) type VerifyResult = Document<VerifySpec, VerifyStatus>;
 
 impl StatusOutcome for VerifyStatus {
     fn outcome(&self) -> &Outcome {
@@ -75,7 +75,7 @@ impl StatusOutcome for VerifyStatus {
     }
 }
 
-pub struct VerifyOptions<'a> {
+pub(crate) struct VerifyOptions<'a> {
     pub root: &'a HostRoot,
     /// Default: `<host-root>/var/lib/gpu-driver/drivers/current/usr/bin/nvidia-smi`.
     pub nvidia_smi: Option<PathBuf>,
@@ -89,7 +89,7 @@ pub struct VerifyOptions<'a> {
 /// --format=csv,noheader`: one line per GPU, fields separated by `, `.
 /// The name comes first and is split from the right, so a comma in it does
 /// no harm.
-pub fn parse_smi_csv(text: &str) -> Result<Vec<SmiGpu>> {
+pub(crate) fn parse_smi_csv(text: &str) -> Result<Vec<SmiGpu>> {
     let mut out = Vec::new();
     for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let mut parts: Vec<&str> = line.rsplitn(4, ',').map(str::trim).collect();
@@ -113,7 +113,11 @@ pub fn parse_smi_csv(text: &str) -> Result<Vec<SmiGpu>> {
 }
 
 /// Compares nvidia-smi's view with what was expected.
-pub fn check(gpus: &[SmiGpu], want_version: Option<&str>, want_count: usize) -> Result<String> {
+pub(crate) fn check(
+    gpus: &[SmiGpu],
+    want_version: Option<&str>,
+    want_count: usize,
+) -> Result<String> {
     if gpus.len() != want_count {
         return Err(Error::new(
             Failure::VerifyFailed,
@@ -165,7 +169,7 @@ fn installed_version(root: &HostRoot) -> Option<String> {
 
 /// `current/usr/bin/nvidia-smi` (the artifact's layout); a hand-placed
 /// `current/bin/nvidia-smi` is taken when only that exists.
-pub fn default_nvidia_smi(root: &HostRoot) -> PathBuf {
+pub(crate) fn default_nvidia_smi(root: &HostRoot) -> PathBuf {
     let current = current_root(root);
     let usr = current.join(crate::userspace::BIN_DIR).join("nvidia-smi");
     let flat = current.join("bin/nvidia-smi");
@@ -177,13 +181,13 @@ pub fn default_nvidia_smi(root: &HostRoot) -> PathBuf {
 }
 
 /// `<driver root>/usr/lib/<arch>-linux-gnu/libcuda.so.1`.
-pub fn default_libcuda(root: &HostRoot) -> PathBuf {
+pub(crate) fn default_libcuda(root: &HostRoot) -> PathBuf {
     current_root(root)
         .join(crate::userspace::lib_dir())
         .join(cuda::LIBCUDA)
 }
 
-pub fn verify(opts: &VerifyOptions) -> VerifyResult {
+pub(crate) fn verify(opts: &VerifyOptions) -> VerifyResult {
     let smi = opts
         .nvidia_smi
         .clone()
@@ -219,7 +223,7 @@ pub fn verify(opts: &VerifyOptions) -> VerifyResult {
 /// Both checks' outcome: nvidia-smi's failure first (its reason, with the
 /// CUDA check's result after it), else the CUDA check's
 /// (`CudaCheckFailed`), else `Verified`; the message always says both.
-pub fn combine(smi: Result<String>, cuda: &CudaStatus) -> Result<Done> {
+pub(crate) fn combine(smi: Result<String>, cuda: &CudaStatus) -> Result<Done> {
     match smi {
         Err(e) => Err(Error::new(e.reason, format!("{e}; {}", cuda.message)).with_source(e)),
         Ok(msg) if !cuda.ok => Err(Error::new(

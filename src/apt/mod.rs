@@ -27,8 +27,8 @@ use crate::fetch::{self, FetchPolicy, FetchRequest};
 mod parse;
 mod version;
 
-pub use parse::{parse_depends, parse_packages, parse_release};
-pub use version::compare_versions;
+pub(crate) use parse::{parse_packages, parse_release};
+pub(crate) use version::compare_versions;
 
 /// A Release file larger than this is not a Release file (Debian's main
 /// InRelease is ~150 KiB).
@@ -71,7 +71,7 @@ impl AptSource {
     }
 
     /// The keys this source's Release must be signed with.
-    pub fn trusted_keys(&self) -> Result<Keyring> {
+    pub(crate) fn trusted_keys(&self) -> Result<Keyring> {
         match &self.keyring {
             Some(path) => Keyring::from_file(path),
             None => Keyring::builtin(Builtin::for_repository(&self.repository)),
@@ -79,7 +79,7 @@ impl AptSource {
     }
 
     /// `<repository>/dists/<suite>/<path>`
-    pub fn dists_url(&self, path: &str) -> String {
+    pub(crate) fn dists_url(&self, path: &str) -> String {
         format!(
             "{}/dists/{}/{path}",
             self.repository.trim_end_matches('/'),
@@ -88,7 +88,7 @@ impl AptSource {
     }
 
     /// A package's `Filename:` (relative to the repository root) as a URL.
-    pub fn pool_url(&self, filename: &str) -> String {
+    pub(crate) fn pool_url(&self, filename: &str) -> String {
         format!(
             "{}/{}",
             self.repository.trim_end_matches('/'),
@@ -380,7 +380,7 @@ const INDEX_NAMES: [&str; 3] = ["Packages.xz", "Packages.gz", "Packages"];
 /// plain, whichever the Release lists; the next one if a download fails),
 /// verified against the Release's sha256, and parses it. Returns the URL
 /// used and the kept packages.
-pub fn fetch_packages(
+pub(crate) fn fetch_packages(
     source: &AptSource,
     release: &Release,
     component: &str,

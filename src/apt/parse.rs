@@ -48,7 +48,7 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 /// Parses a Release file (the signed text of an InRelease).
-pub fn parse_release(text: &str) -> Result<Release> {
+pub(crate) fn parse_release(text: &str) -> Result<Release> {
     let lines: Vec<String> = text
         .lines()
         .take_while(|l| !l.trim().is_empty())
@@ -101,7 +101,7 @@ pub fn parse_release(text: &str) -> Result<Release> {
 /// Parses `Packages` stanzas from a stream, keeping those whose `Package:`
 /// `keep` accepts. A stanza without Package, Version or Filename is
 /// malformed.
-pub fn parse_packages<R: BufRead>(
+pub(crate) fn parse_packages<R: BufRead>(
     mut reader: R,
     keep: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Vec<Package>> {
@@ -192,7 +192,7 @@ fn package_of(fields: &[(String, String)]) -> Result<Package> {
 
 /// Parses a `Depends:`-style field: comma-separated groups of `|`
 /// alternatives.
-pub fn parse_depends(s: &str) -> Result<Vec<Vec<Dependency>>> {
+pub(crate) fn parse_depends(s: &str) -> Result<Vec<Vec<Dependency>>> {
     let mut groups = Vec::new();
     for group in s.split(',') {
         if group.trim().is_empty() {

@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 /// Compares two Debian versions as dpkg does: epoch, then upstream version,
 /// then revision, each by dpkg's alternating non-digit/digit rule where `~`
 /// sorts before everything, even the end of the string.
-pub fn compare_versions(a: &str, b: &str) -> Ordering {
+pub(crate) fn compare_versions(a: &str, b: &str) -> Ordering {
     let (ea, ua, ra) = split_version(a);
     let (eb, ub, rb) = split_version(b);
     ea.cmp(&eb)

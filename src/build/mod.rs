@@ -36,7 +36,9 @@ use crate::host_root::HostRoot;
 use crate::node::{CpuArch, ModuleFlavor};
 use crate::step::{self, Done, StepResult, StepStatus, Stopped};
 
-pub use compile::{CompileFailure, EXCERPT_LINES, classify_log, make_args};
+pub use compile::{EXCERPT_LINES, classify_log, make_args};
+
+pub use compile::CompileFailure;
 pub use package::{check_machine, check_vermagic, collect_modules};
 pub use parallelism::default_jobs;
 pub use preflight::{
@@ -92,7 +94,7 @@ pub struct BuildOptions {
 }
 
 impl BuildOptions {
-    pub fn work_dir(&self) -> PathBuf {
+    pub(crate) fn work_dir(&self) -> PathBuf {
         self.work_dir.clone().unwrap_or_else(|| {
             self.out_dir
                 .join(format!("work-{}-{}", self.flavor, self.kernel_release))
@@ -116,7 +118,7 @@ impl BuildOptions {
 }
 
 /// A build that could not start (bad arguments, unreadable kernel release).
-pub fn build_failed(spec: BuildSpec, error: Error) -> BuildResult {
+pub(crate) fn build_failed(spec: BuildSpec, error: Error) -> BuildResult {
     step::document(spec, Err(Stopped::at_start(error)))
 }
 
@@ -141,7 +143,7 @@ pub fn build(opts: &BuildOptions) -> BuildResult {
 /// again. `Some` when the lookup decides the step: a verified hit, or, with
 /// `--no-compile`, whatever it found (a miss is `ArtifactNotCached` before
 /// any package byte).
-pub fn look_up_first(opts: &BuildOptions) -> Option<BuildResult> {
+pub(crate) fn look_up_first(opts: &BuildOptions) -> Option<BuildResult> {
     opts.driver_version.as_ref()?;
     let mut cache = opts.cache.clone()?;
     cache.read_only = true;

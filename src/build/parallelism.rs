@@ -21,11 +21,11 @@ const CGROUP_FILE: Named = Named {
 /// adds at the build's peak, with margin: `scripts/bench-cache` measured
 /// 326 MiB at `-j2` and 850 MiB at `-j8`, about 87 MiB per compiler
 /// (docs/operator.md, "Memory").
-pub const PER_COMPILER: u64 = 128 << 20;
+pub(super) const PER_COMPILER: u64 = 128 << 20;
 
 /// The peak of a build at `-j1` (the installer, make, and the largest
 /// single compile): 295 MiB measured, with margin.
-pub const BASE: u64 = 320 << 20;
+pub(super) const BASE: u64 = 320 << 20;
 
 /// `-j` for a build without `--jobs`: the CPUs available (Rust's count
 /// follows the cgroup's CPU quota), capped by the memory limit of this

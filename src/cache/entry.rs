@@ -66,7 +66,7 @@ impl CacheKey {
     /// image's compiler and signed with its Secret's key, neither of which
     /// an install Job has or needs (install checks the signature itself
     /// where the host requires one).
-    pub fn same_target(&self, other: &CacheKey) -> bool {
+    pub(crate) fn same_target(&self, other: &CacheKey) -> bool {
         self.arch == other.arch
             && self.kernel_release == other.kernel_release
             && self.driver_version == other.driver_version

@@ -62,7 +62,7 @@ fn restore_package(
 /// package cache if its sha256 is the trusted one, and a package downloaded
 /// from elsewhere is stored there for the other nodes. The store never
 /// supplies a checksum, and its failures are only warnings.
-pub fn fetch_with_mirror(
+pub(crate) fn fetch_with_mirror(
     cache: &CacheConfig,
     req: &crate::fetch::PackageRequest,
     opts: crate::fetch::FetchPolicy,

@@ -36,10 +36,13 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use entry::{CacheKey, StoredEntry};
-pub use mirror::fetch_with_mirror;
+pub use entry::CacheKey;
+
+pub use entry::StoredEntry;
+pub(crate) use mirror::fetch_with_mirror;
 pub use session::Session;
-pub use store::{CacheConfig, check_entry_flag, check_sha256_flag};
+pub use store::CacheConfig;
+pub(crate) use store::{check_entry_flag, check_sha256_flag};
 
 /// The layout and entry format of the cache. Bumped when either changes
 /// (the build manifest's own version is part of the key as well), so that
@@ -48,12 +51,12 @@ const FORMAT_VERSION: u32 = 1;
 
 /// Default of `--cache-wait`: how long a builder waits for another one that
 /// holds the key's lease (a compile takes 2–5 minutes).
-pub const DEFAULT_WAIT_SECS: u64 = 900;
+pub(crate) const DEFAULT_WAIT_SECS: u64 = 900;
 /// Default of `--cache-lease-ttl`: a lease older than this is taken to be
 /// left by a builder that crashed.
-pub const DEFAULT_LEASE_TTL_SECS: u64 = 1800;
+pub(crate) const DEFAULT_LEASE_TTL_SECS: u64 = 1800;
 /// Default of `--cache-poll-ms`: how often a waiting builder looks again.
-pub const DEFAULT_POLL_MS: u64 = 2000;
+pub(crate) const DEFAULT_POLL_MS: u64 = 2000;
 /// How long a builder that created the lease waits before checking that
 /// the lease still names it (see [`Session::acquire_lease`]). Paid once per
 /// compile, which takes minutes.
@@ -104,7 +107,7 @@ pub struct CacheStatus {
 }
 
 impl CacheStatus {
-    pub fn disabled() -> Self {
+    pub(crate) fn disabled() -> Self {
         CacheStatus {
             outcome: CacheOutcome::Disabled,
             url: None,

@@ -95,7 +95,7 @@ impl Session {
     }
 
     /// Whether [`Session::lookup`] ran.
-    pub fn looked_up(&self) -> bool {
+    pub(crate) fn looked_up(&self) -> bool {
         self.key.is_some()
     }
 
@@ -103,7 +103,7 @@ impl Session {
     /// (`run --no-compile`) and the lookup found no usable entry:
     /// `ChecksumMismatch` for an entry with another sha256 than
     /// `--artifact-sha256`, else `ArtifactNotCached`.
-    pub fn not_cached_error(&self) -> Error {
+    pub(crate) fn not_cached_error(&self) -> Error {
         let key = self.status.key.as_deref().unwrap_or("(not looked up)");
         let url = self.status.url.as_deref().unwrap_or("?");
         if let (Some(found), Some(expected)) = (&self.refused_sha256, &self.cfg.expected_sha256) {
@@ -294,7 +294,7 @@ impl Session {
     /// `--cache-read-only`: one read of the entry; no lease, no waiting
     /// for another builder's, and nothing is ever written.
     /// `--cache-entry`, when given.
-    pub fn pinned_entry(&self) -> Option<&str> {
+    pub(crate) fn pinned_entry(&self) -> Option<&str> {
         self.cfg.entry.as_deref()
     }
 
@@ -303,7 +303,7 @@ impl Session {
     /// headers or compiler are needed), but the entry's key must be
     /// `target`'s, whatever compiler built it, and its artifact the
     /// expected sha256.
-    pub fn lookup_entry(
+    pub(crate) fn lookup_entry(
         &mut self,
         dir: &str,
         target: CacheKey,

@@ -84,7 +84,7 @@ impl CacheConfig {
 
 /// `--cache-entry` names an entry under the store's `artifacts/`, in the
 /// characters keys are made of, and comes with the sha256 it must hold.
-pub fn check_entry_flag(entry: &str, pinned: bool) -> Result<()> {
+pub(crate) fn check_entry_flag(entry: &str, pinned: bool) -> Result<()> {
     let parts: Vec<&str> = entry.split('/').collect();
     let plain = |p: &&str| {
         !p.is_empty()
@@ -110,7 +110,7 @@ pub fn check_entry_flag(entry: &str, pinned: bool) -> Result<()> {
 }
 
 /// `--artifact-sha256` must be a sha256: 64 hex digits.
-pub fn check_sha256_flag(sha: &str) -> Result<()> {
+pub(crate) fn check_sha256_flag(sha: &str) -> Result<()> {
     if crate::fetch::is_sha256_hex(sha) {
         Ok(())
     } else {

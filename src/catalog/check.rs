@@ -55,7 +55,7 @@ impl StatusOutcome for CatalogCheckStatus {
 
 /// `catalog-check`: the catalog (already loaded, or the error loading it)
 /// checked, as a result document.
-pub fn check_document(label: String, catalog: Result<Catalog>) -> CatalogCheck {
+pub(crate) fn check_document(label: String, catalog: Result<Catalog>) -> CatalogCheck {
     let (outcome, problems, defaults) = match catalog {
         Err(e) => (Outcome::from(&e), Vec::new(), Vec::new()),
         Ok(cat) => {
@@ -112,7 +112,7 @@ impl Catalog {
 
     /// [`Catalog::check`], and what every listed OS release installs by
     /// default (the compatibility table).
-    pub fn check_with_defaults(&self) -> (Vec<String>, Vec<DefaultChoice>) {
+    pub(crate) fn check_with_defaults(&self) -> (Vec<String>, Vec<DefaultChoice>) {
         let mut problems = Vec::new();
         let mut defaults = Vec::new();
         for os in &self.os {

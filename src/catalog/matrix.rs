@@ -44,7 +44,7 @@ type Key = (String, Option<String>, (u32, u32));
 
 /// The suggestions for the matrix at `path`, as TOML for the catalog with
 /// `#` comments; nothing to suggest is not an error.
-pub fn matrix_exclusions(catalog: &Catalog, path: &Path) -> Result<String> {
+pub(crate) fn matrix_exclusions(catalog: &Catalog, path: &Path) -> Result<String> {
     let text = crate::named_file::Named {
         what: "the build matrix",
         max: 64 << 20,

@@ -15,15 +15,19 @@ mod check;
 mod matrix;
 mod validate;
 
-pub use check::{
-    CatalogCheck, CatalogCheckSpec, CatalogCheckStatus, DefaultChoice, check_document,
-};
-pub use matrix::matrix_exclusions;
+pub use check::CatalogCheck;
 
-pub const EMBEDDED: &str = include_str!("../../catalog/catalog.toml");
+pub use check::{CatalogCheckSpec, CatalogCheckStatus};
+
+pub use check::DefaultChoice;
+
+pub(crate) use check::check_document;
+pub(crate) use matrix::matrix_exclusions;
+
+pub(crate) const EMBEDDED: &str = include_str!("../../catalog/catalog.toml");
 /// 2: releases per branch, digests per CPU architecture, `{arch}` in URL
 /// templates, exclusions bounded by driver version and citing evidence.
-pub const SCHEMA_VERSION: u32 = 2;
+pub(crate) const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -232,12 +236,12 @@ fn evidence_ok(evidence: &str) -> bool {
 }
 
 /// `"570.195.03"` → 570; `"580"` → 580.
-pub fn branch_of(version: &str) -> Option<u32> {
+pub(crate) fn branch_of(version: &str) -> Option<u32> {
     version.split('.').next()?.parse().ok()
 }
 
 /// Compares driver versions numerically, part by part.
-pub fn version_key(version: &str) -> Vec<u32> {
+pub(crate) fn version_key(version: &str) -> Vec<u32> {
     version.split('.').map(|p| p.parse().unwrap_or(0)).collect()
 }
 
@@ -321,7 +325,7 @@ impl Catalog {
     }
 
     /// The first policy that matches the host's OS, OS version and kernel.
-    pub fn policy_for(
+    pub(crate) fn policy_for(
         &self,
         os_id: &str,
         os_version: Option<&str>,
@@ -337,7 +341,7 @@ impl Catalog {
         })
     }
 
-    pub fn architecture_of(&self, device_id: u16) -> Option<&Architecture> {
+    pub(crate) fn architecture_of(&self, device_id: u16) -> Option<&Architecture> {
         self.architectures.iter().find(|a| {
             a.ranges
                 .iter()
@@ -346,7 +350,7 @@ impl Catalog {
     }
 
     /// The exclusion that forbids this driver on this kernel, if any.
-    pub fn exclusion_for(
+    pub(crate) fn exclusion_for(
         &self,
         driver_version: &str,
         kernel: KernelVersion,
@@ -368,7 +372,7 @@ impl Catalog {
     }
 
     /// The module parameters for a host with these GPU families.
-    pub fn module_params_for<'a>(&'a self, families: &[&str]) -> Vec<&'a ModuleParams> {
+    pub(crate) fn module_params_for<'a>(&'a self, families: &[&str]) -> Vec<&'a ModuleParams> {
         self.module_params
             .iter()
             .filter(|m| {
@@ -381,7 +385,7 @@ impl Catalog {
     }
 
     /// The IOMMU passthrough rule for this OS and variant, if any.
-    pub fn iommu_passthrough_for(
+    pub(crate) fn iommu_passthrough_for(
         &self,
         os_id: &str,
         variant: Option<&str>,
@@ -395,7 +399,11 @@ impl Catalog {
     }
 
     /// The rule that fixes the module flavor for this OS and kernel, if any.
-    pub fn flavor_rule_for(&self, os_id: &str, kernel: KernelVersion) -> Option<&FlavorRule> {
+    pub(crate) fn flavor_rule_for(
+        &self,
+        os_id: &str,
+        kernel: KernelVersion,
+    ) -> Option<&FlavorRule> {
         self.flavor_rules.iter().find(|r| {
             r.os == os_id
                 && in_kernel_range(kernel, r.kernel_min.as_deref(), r.kernel_max.as_deref())
@@ -404,7 +412,12 @@ impl Catalog {
 
     /// The package URL of a release for `arch`: its own `url`, else its
     /// channel's template.
-    pub fn url_for(&self, entry: Option<&DriverEntry>, version: &str, arch: CpuArch) -> String {
+    pub(crate) fn url_for(
+        &self,
+        entry: Option<&DriverEntry>,
+        version: &str,
+        arch: CpuArch,
+    ) -> String {
         let channel = entry.map_or(Channel::Datacenter, |d| d.channel);
         let template = entry
             .and_then(|d| d.url.as_deref())
@@ -420,10 +433,10 @@ impl Catalog {
 
 /// Auto picks the open modules for Turing and newer from this branch on
 /// (NVIDIA's default since 560).
-pub const OPEN_BY_DEFAULT_FROM: u32 = 560;
+pub(crate) const OPEN_BY_DEFAULT_FROM: u32 = 560;
 
 impl OsEntry {
-    pub fn release_for(&self, version: &str) -> Option<&OsRelease> {
+    pub(crate) fn release_for(&self, version: &str) -> Option<&OsRelease> {
         self.releases
             .iter()
             .find(|r| version_matches(version, &r.version))
@@ -440,7 +453,7 @@ fn parse_range(s: &str) -> Option<(u16, u16)> {
 }
 
 impl Architecture {
-    pub fn supports_branch(&self, branch: u32) -> bool {
+    pub(crate) fn supports_branch(&self, branch: u32) -> bool {
         let bound = |b: &Option<String>| b.as_deref().and_then(|s| s.parse::<u32>().ok());
         bound(&self.min_branch).is_none_or(|m| branch >= m)
             && bound(&self.max_branch).is_none_or(|m| branch <= m)

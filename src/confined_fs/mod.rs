@@ -47,7 +47,7 @@ static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// What is at a path, without following a final symbolic link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Dir,
     File,
     Symlink,
@@ -57,7 +57,7 @@ pub enum Kind {
 
 /// A handle on the host root through which every write is confined to it.
 #[derive(Debug)]
-pub struct HostFs {
+pub(crate) struct HostFs {
     /// `O_PATH | O_DIRECTORY` handle of the host root: the "/" of every
     /// resolution.
     root: OwnedFd,
@@ -67,7 +67,7 @@ pub struct HostFs {
 impl HostFs {
     /// Opens the host root. Failing that is `HostReadFailed`: the root
     /// given is not a directory we can reach.
-    pub fn open(host: &HostRoot) -> Result<Self> {
+    pub(crate) fn open(host: &HostRoot) -> Result<Self> {
         let root = fcntl::open(
             host.path(),
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -81,21 +81,26 @@ impl HostFs {
     }
 
     /// The host root's path, for messages and for [`Self::real_dir`].
-    pub fn host(&self) -> &HostRoot {
+    pub(crate) fn host(&self) -> &HostRoot {
         &self.host
     }
 
     /// Creates `rel` and its missing parents (mode 0755). A dangling link
     /// on the way is followed inside the root and its target created, as
     /// the host would resolve it.
-    pub fn create_dir_all(&self, rel: impl AsRef<Path>) -> Result<()> {
+    pub(crate) fn create_dir_all(&self, rel: impl AsRef<Path>) -> Result<()> {
         self.mkdirs(rel.as_ref()).map(drop)
     }
 
     /// Writes `bytes` to `rel` atomically: a temporary file beside it
     /// (`O_CREAT | O_EXCL | O_NOFOLLOW`), fsync, `mode`, `renameat` over
     /// `rel`, then a sync of the directory. Parents are created.
-    pub fn write_atomic(&self, rel: impl AsRef<Path>, bytes: &[u8], mode: u32) -> Result<()> {
+    pub(crate) fn write_atomic(
+        &self,
+        rel: impl AsRef<Path>,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Result<()> {
         let rel = rel.as_ref();
         let (parent, name) = split(rel)?;
         let dir = self.mkdirs(&parent)?;
@@ -132,7 +137,7 @@ impl HostFs {
 
     /// Writes into an existing file (a sysfs parameter), resolved inside
     /// the root; never creates one.
-    pub fn write_existing(&self, rel: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn write_existing(&self, rel: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
         let rel = rel.as_ref();
         let fd = self
             .open_in_root(rel, OFlag::O_WRONLY | OFlag::O_NOFOLLOW, Mode::empty())
@@ -145,7 +150,11 @@ impl HostFs {
     /// Points the link `rel` at `target` by creating a fresh link
     /// (`.<name>.<pid>.<n>`) beside it and renaming it over `rel`: readers
     /// see the old target or the new one, never none. Parents are created.
-    pub fn replace_symlink(&self, rel: impl AsRef<Path>, target: impl AsRef<Path>) -> Result<()> {
+    pub(crate) fn replace_symlink(
+        &self,
+        rel: impl AsRef<Path>,
+        target: impl AsRef<Path>,
+    ) -> Result<()> {
         let rel = rel.as_ref();
         let (parent, name) = split(rel)?;
         let dir = self.mkdirs(&parent)?;
@@ -161,7 +170,7 @@ impl HostFs {
     /// with these numbers already there is left alone, anything else is
     /// replaced (by renaming a fresh node over it). Parents are created
     /// (a host root without `/dev` of its own, or a dangling `dev` link).
-    pub fn mknod_char(
+    pub(crate) fn mknod_char(
         &self,
         rel: impl AsRef<Path>,
         major: u32,
@@ -201,7 +210,7 @@ impl HostFs {
 
     /// Gives the regular file `rel` the permission bits `mode`. A link or
     /// anything but a regular file is refused.
-    pub fn set_mode(&self, rel: impl AsRef<Path>, mode: u32) -> Result<()> {
+    pub(crate) fn set_mode(&self, rel: impl AsRef<Path>, mode: u32) -> Result<()> {
         let rel = rel.as_ref();
         // O_NONBLOCK: a FIFO put there must not block the open.
         let fd = self
@@ -222,7 +231,7 @@ impl HostFs {
     }
 
     /// Renames `from` to `to`; both parents must exist.
-    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<()> {
+    pub(crate) fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<()> {
         let (from, to) = (from.as_ref(), to.as_ref());
         let (from_parent, from_name) = split(from)?;
         let (to_parent, to_name) = split(to)?;
@@ -252,7 +261,7 @@ impl HostFs {
 
     /// Removes `rel` and, if it is a directory, everything in it. Links are
     /// removed, never followed. A missing path is fine.
-    pub fn remove_all(&self, rel: impl AsRef<Path>) -> Result<()> {
+    pub(crate) fn remove_all(&self, rel: impl AsRef<Path>) -> Result<()> {
         let rel = rel.as_ref();
         let (parent, name) = split(rel)?;
         let dir = match self.open_dir(&parent) {
@@ -264,7 +273,7 @@ impl HostFs {
     }
 
     /// The target of the link `rel`.
-    pub fn read_link(&self, rel: impl AsRef<Path>) -> Result<PathBuf> {
+    pub(crate) fn read_link(&self, rel: impl AsRef<Path>) -> Result<PathBuf> {
         let rel = rel.as_ref();
         let (parent, name) = split(rel)?;
         let dir = self
@@ -277,7 +286,7 @@ impl HostFs {
 
     /// What is at `rel` (a final link is not followed); `None` when
     /// nothing is.
-    pub fn kind(&self, rel: impl AsRef<Path>) -> Result<Option<Kind>> {
+    pub(crate) fn kind(&self, rel: impl AsRef<Path>) -> Result<Option<Kind>> {
         let rel = rel.as_ref();
         let (parent, name) = split(rel)?;
         let dir = match self.open_dir(&parent) {
@@ -294,7 +303,7 @@ impl HostFs {
 
     /// The contents of the file `rel`, resolved inside the root; `None`
     /// when it does not exist.
-    pub fn read(&self, rel: impl AsRef<Path>) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn read(&self, rel: impl AsRef<Path>) -> Result<Option<Vec<u8>>> {
         use std::io::Read;
         let rel = rel.as_ref();
         let fd = match self.open_in_root(rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
@@ -311,7 +320,7 @@ impl HostFs {
 
     /// The names in the directory `rel` with what each is (links not
     /// followed), sorted; empty when the directory does not exist.
-    pub fn read_dir(&self, rel: impl AsRef<Path>) -> Result<Vec<(OsString, Kind)>> {
+    pub(crate) fn read_dir(&self, rel: impl AsRef<Path>) -> Result<Vec<(OsString, Kind)>> {
         let rel = rel.as_ref();
         let fd = match self.open_in_root(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()) {
             Ok(fd) => fd,
@@ -336,7 +345,7 @@ impl HostFs {
     /// An exclusive flock on `rel` (created confined, never through a
     /// link; parents created), held until dropped. Waits, and says so,
     /// while another process holds it.
-    pub fn lock(&self, rel: impl AsRef<Path>) -> Result<Flock<File>> {
+    pub(crate) fn lock(&self, rel: impl AsRef<Path>) -> Result<Flock<File>> {
         let rel = rel.as_ref();
         let (parent, name) = split(rel)?;
         let dir = self.mkdirs(&parent)?;
@@ -361,7 +370,7 @@ impl HostFs {
     /// this check and the caller's writes. Such a process could write there
     /// itself; the check is against links already in the host root, not
     /// against a concurrent root adversary.
-    pub fn real_dir(&self, rel: impl AsRef<Path>) -> Result<PathBuf> {
+    pub(crate) fn real_dir(&self, rel: impl AsRef<Path>) -> Result<PathBuf> {
         let rel = rel.as_ref();
         let fd = self.mkdirs(rel)?;
         let made = stat::fstat(&fd).map_err(|e| self.err("reading", rel, e))?;
@@ -494,7 +503,7 @@ impl HostFs {
 
 /// Confined writes for a [`HostRoot`] (which lives in the wire contract and
 /// knows nothing of writing).
-pub trait HostRootFs {
+pub(crate) trait HostRootFs {
     /// A handle for confined writes under this root (see [`HostFs`]).
     fn fs(&self) -> Result<HostFs>;
 }

@@ -44,7 +44,7 @@ pub struct Limits {
 /// NVIDIA's largest `.run` (x86_64, with its user space) unpacks to about
 /// 1 GiB and 2,000 entries; kernel headers to about 100 MiB and 25,000
 /// entries. The defaults leave room for several times that.
-pub const DEFAULT_LIMITS: Limits = Limits {
+pub(crate) const DEFAULT_LIMITS: Limits = Limits {
     max_bytes: 8 << 30,
     max_entries: 500_000,
 };
@@ -53,7 +53,7 @@ static LIMITS: std::sync::OnceLock<Limits> = std::sync::OnceLock::new();
 
 /// Sets the limits for this process (`--max-unpacked-size`), once, before
 /// any extraction; later calls are ignored.
-pub fn set_limits(limits: Limits) {
+pub(crate) fn set_limits(limits: Limits) {
     let _ = LIMITS.set(limits);
 }
 
@@ -103,7 +103,7 @@ const PARTIAL_MARK: &str = ".partial-";
 /// Whether a directory entry is an extraction's temporary tree (left
 /// behind only when the process was killed): owners sweep these under
 /// their lock.
-pub fn is_partial_name(name: &str) -> bool {
+pub(crate) fn is_partial_name(name: &str) -> bool {
     name.starts_with('.') && name.contains(PARTIAL_MARK)
 }
 
@@ -270,7 +270,7 @@ pub fn module_source_dir(extracted: &Path, flavor: ModuleFlavor) -> Result<PathB
 /// Unlike [`extract_package`] this is not atomic: on an error `root` holds
 /// part of the stream. Callers unpack into a directory of their own and
 /// rename it into place once everything succeeded.
-pub fn unpack_tar_stream<R: Read>(
+pub(crate) fn unpack_tar_stream<R: Read>(
     reader: R,
     compression: Compression,
     root: &Path,

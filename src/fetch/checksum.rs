@@ -26,7 +26,7 @@ pub(super) fn redistrib_manifest_url(url: &str) -> Option<String> {
 /// The expected checksum: given, else a companion `<url>.sha256sum`, else
 /// the redistrib manifest. Companions come over HTTPS (the agent refuses
 /// plain HTTP unless it is allowed).
-pub fn find_checksum(
+pub(crate) fn find_checksum(
     req: &PackageRequest,
     policy: &FetchPolicy,
 ) -> Result<(String, ChecksumSource)> {

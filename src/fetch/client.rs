@@ -197,7 +197,7 @@ pub(super) fn is_certificate_error(e: &(dyn std::error::Error + 'static)) -> boo
 }
 
 /// HTTP statuses worth retrying: timeouts, throttling, server errors.
-pub fn retryable_status(code: u16) -> bool {
+pub(crate) fn retryable_status(code: u16) -> bool {
     code == 408 || code == 429 || (500..=599).contains(&code)
 }
 

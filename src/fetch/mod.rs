@@ -25,14 +25,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Failure, Result};
 
-pub use checksum::find_checksum;
-pub use client::{PROXY_VARS, agent, retryable_status};
-pub(crate) use client::{describe, describe_http_error};
+pub(crate) use checksum::find_checksum;
+pub use client::{PROXY_VARS, agent};
+pub(crate) use client::{describe, describe_http_error, retryable_status};
 pub use download::fetch;
-pub(crate) use step::fetch_status;
-pub use step::{
-    FetchResult, FetchSpec, FetchStatus, PackageRequest, fetch_package, fetch_package_failed,
-    file_name_of,
+pub use step::{FetchResult, FetchSpec, FetchStatus};
+pub(crate) use step::{
+    PackageRequest, fetch_package, fetch_package_failed, fetch_status, file_name_of,
 };
 
 /// When and how long to wait between attempts at one URL.
@@ -83,10 +82,10 @@ pub struct Timeouts {
 }
 
 /// 30 minutes: NVIDIA's largest `.run` (about 400 MB) at 250 kB/s.
-pub const DEFAULT_DOWNLOAD_TIMEOUT_SECS: u64 = 1800;
+pub(crate) const DEFAULT_DOWNLOAD_TIMEOUT_SECS: u64 = 1800;
 
 /// 2 GiB: five times NVIDIA's largest `.run`.
-pub const DEFAULT_MAX_DOWNLOAD_MIB: u64 = 2048;
+pub(crate) const DEFAULT_MAX_DOWNLOAD_MIB: u64 = 2048;
 
 impl Default for Timeouts {
     fn default() -> Self {
@@ -197,12 +196,12 @@ impl From<Error> for FetchError {
     }
 }
 
-pub fn is_sha256_hex(s: &str) -> bool {
+pub(crate) fn is_sha256_hex(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Refuses plain HTTP unless allowed, and anything that is not HTTP(S).
-pub fn check_url(url: &str, allow_http: bool) -> Result<()> {
+pub(crate) fn check_url(url: &str, allow_http: bool) -> Result<()> {
     let lower = url.to_ascii_lowercase();
     if lower.starts_with("https://") {
         Ok(())

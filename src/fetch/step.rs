@@ -63,7 +63,7 @@ impl crate::report::StatusOutcome for FetchStatus {
 
 /// What to fetch: a URL, its file name, and whatever checksum is known.
 #[derive(Debug, Clone)]
-pub struct PackageRequest {
+pub(crate) struct PackageRequest {
     pub url: String,
     pub sha256: Option<(String, ChecksumSource)>,
     /// Mirror prefixes or templates (`{file}`, `{version}`).
@@ -74,7 +74,7 @@ pub struct PackageRequest {
 }
 
 /// The file name at the end of a URL.
-pub fn file_name_of(url: &str) -> String {
+pub(crate) fn file_name_of(url: &str) -> String {
     let path = url.split(['?', '#']).next().unwrap_or(url);
     path.rsplit('/').next().unwrap_or(path).to_string()
 }
@@ -144,7 +144,7 @@ impl StepStatus for FetchStatus {
 }
 
 /// A fetch that ended before it began (bad plan, bad arguments).
-pub fn fetch_package_failed(url: String, policy: &FetchPolicy, error: Error) -> FetchResult {
+pub(crate) fn fetch_package_failed(url: String, policy: &FetchPolicy, error: Error) -> FetchResult {
     step::document(
         FetchSpec::new(url, Vec::new(), None, policy),
         Err(Stopped::at_start(error)),
@@ -152,7 +152,7 @@ pub fn fetch_package_failed(url: String, policy: &FetchPolicy, error: Error) -> 
 }
 
 /// The whole `fetch` step, as a result document.
-pub fn fetch_package(req: &PackageRequest, policy: FetchPolicy) -> FetchResult {
+pub(crate) fn fetch_package(req: &PackageRequest, policy: FetchPolicy) -> FetchResult {
     step::document(FetchSpec::of(req, &policy), fetch_status(req, &policy))
 }
 

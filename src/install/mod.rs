@@ -60,12 +60,15 @@ use crate::error::{Error, Failure, Result};
 use crate::host_root::HostRoot;
 use crate::step::{self, StepStatus, Stopped};
 
-pub use documents::{
-    Action, FabricManagerState, InstallResult, InstallSpec, InstallStatus, ModuleAction,
-    ModuleState, ServiceState, UserSpace,
-};
+pub use documents::{Action, InstallResult};
+
+pub use documents::{InstallSpec, InstallStatus};
+
+pub use documents::{FabricManagerState, ModuleState, ServiceState, UserSpace};
+
+pub use documents::ModuleAction;
 pub use gpu_driver_contract::layout::DRIVERS_DIR;
-pub use services::{HostTool, exec_host_tool};
+pub(crate) use services::{HostTool, exec_host_tool};
 
 /// The host lock every installer takes before touching modules.
 const LOCK_PATH: &str = "/run/gpu-driver/install.lock";
@@ -146,7 +149,7 @@ pub fn install(opts: &InstallOptions) -> InstallResult {
 
 /// An install refused before it began (e.g. an unreadable
 /// `--fabric-manager` archive).
-pub fn install_refused(opts: &InstallOptions, e: Error) -> InstallResult {
+pub(crate) fn install_refused(opts: &InstallOptions, e: Error) -> InstallResult {
     step::document(documents::install_spec(opts), Err(Stopped::at_start(e)))
 }
 

@@ -130,13 +130,13 @@ pub(super) fn host_systemd(root: &HostRoot) -> HostSystemd {
 
 /// The host tools run in the host's namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostTool {
+pub(crate) enum HostTool {
     Systemctl,
     Journalctl,
 }
 
 impl HostTool {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             HostTool::Systemctl => "systemctl",
             HostTool::Journalctl => "journalctl",
@@ -171,7 +171,7 @@ fn host_command(how: HostSystemd, tool: HostTool, args: &[&str]) -> Option<Comma
 
 /// Replaces this process (the `host-tool` child, already in the host's
 /// mount namespace) with `tool args`; returns only on failure.
-pub fn exec_host_tool(tool: HostTool, args: &[String]) -> Error {
+pub(crate) fn exec_host_tool(tool: HostTool, args: &[String]) -> Error {
     use std::os::unix::process::CommandExt;
     // The working directory is a path of the namespace we left.
     if let Err(e) = std::env::set_current_dir("/") {

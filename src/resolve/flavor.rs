@@ -10,7 +10,7 @@ use crate::node::ModuleFlavor;
 /// Open for Turing and newer with drivers from 560 on, proprietary otherwise;
 /// open is refused for GPUs that cannot use it (Volta and older), and
 /// proprietary for GPUs only the open modules drive (Blackwell).
-pub fn choose_flavor(
+pub(crate) fn choose_flavor(
     choice: FlavorChoice,
     branch: u32,
     archs: &[(&Gpu, Option<&Architecture>)],

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{self, Architecture, Catalog};
-use crate::detect::{self, DetectOptions, Gpu, HostReport};
+use crate::detect::{Gpu, HostReport};
 use crate::error::{Error, Failure, Result, Success};
 use crate::headers::installed_headers;
 use crate::host_root::HostRoot;
@@ -15,7 +15,7 @@ use crate::step::{self, Done, StepStatus, Stopped};
 
 mod flavor;
 
-pub use flavor::choose_flavor;
+pub(crate) use flavor::choose_flavor;
 use flavor::flavor_by_rule;
 
 /// `--flavor`
@@ -29,7 +29,7 @@ pub enum FlavorChoice {
 }
 
 /// Auto picks the open modules from this branch on (NVIDIA's default since 560).
-pub const OPEN_DEFAULT_FROM_BRANCH: u32 = catalog::OPEN_BY_DEFAULT_FROM;
+pub(crate) const OPEN_DEFAULT_FROM_BRANCH: u32 = catalog::OPEN_BY_DEFAULT_FROM;
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -208,11 +208,11 @@ impl StepStatus for PlanStatus {
 }
 
 /// A plan that ended before resolution could start (e.g. a bad catalog).
-pub fn plan_failed(spec: ResolveSpec, error: Error) -> InstallPlan {
+pub(crate) fn plan_failed(spec: ResolveSpec, error: Error) -> InstallPlan {
     step::document(spec, Err(Stopped::at_start(error)))
 }
 
-pub type InstallPlan = Document<ResolveSpec, PlanStatus>;
+pub(crate) type InstallPlan = Document<ResolveSpec, PlanStatus>;
 
 impl StatusOutcome for PlanStatus {
     fn outcome(&self) -> &Outcome {
@@ -220,28 +220,17 @@ impl StatusOutcome for PlanStatus {
     }
 }
 
-pub struct ResolveOptions<'a> {
+pub(crate) struct ResolveOptions<'a> {
     pub root: &'a HostRoot,
     pub catalog: &'a Catalog,
     pub catalog_label: String,
     pub kernel_release: Option<String>,
-    pub arch: Option<CpuArch>,
     pub driver_version: Option<String>,
     pub flavor: FlavorChoice,
 }
 
-pub fn resolve(opts: &ResolveOptions) -> InstallPlan {
-    let report = detect::detect(&DetectOptions {
-        root: opts.root,
-        catalog: opts.catalog,
-        kernel_release: opts.kernel_release.clone(),
-        arch: opts.arch,
-    });
-    resolve_report(opts, &report)
-}
-
 /// The plan for a host already detected (`run` detects once).
-pub fn resolve_report(opts: &ResolveOptions, report: &HostReport) -> InstallPlan {
+pub(crate) fn resolve_report(opts: &ResolveOptions, report: &HostReport) -> InstallPlan {
     let spec = ResolveSpec {
         host_root: opts.root.path().display().to_string(),
         driver_version: opts.driver_version.clone(),
@@ -644,7 +633,7 @@ fn branch_bounds(a: &Architecture) -> String {
 }
 
 /// Headers already on the host first, then the OS's apt repository.
-pub fn find_headers(
+pub(crate) fn find_headers(
     root: &HostRoot,
     cat: &Catalog,
     os: &node::OsInfo,

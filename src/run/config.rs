@@ -15,11 +15,11 @@ use crate::node::CpuArch;
 use crate::resolve::FlavorChoice;
 
 /// Where packages are cached on the host, so that a later Job finds them.
-pub const PACKAGE_CACHE: &str = "/var/cache/gpu-driver/packages";
+pub(crate) const PACKAGE_CACHE: &str = "/var/cache/gpu-driver/packages";
 /// Where `run` keeps what it builds and the headers it downloads, on the
 /// host, so that a rerun after a crash finds them.
-pub const BUILD_CACHE: &str = "/var/cache/gpu-driver/builds";
-pub const HEADERS_CACHE: &str = "/var/cache/gpu-driver/headers";
+pub(crate) const BUILD_CACHE: &str = "/var/cache/gpu-driver/builds";
+pub(crate) const HEADERS_CACHE: &str = "/var/cache/gpu-driver/headers";
 
 /// Everything a pipeline command needs, independent of how it was asked.
 #[derive(Debug, Clone)]
@@ -111,7 +111,7 @@ impl Config {
         }
     }
 
-    pub fn catalog_label(&self) -> String {
+    pub(crate) fn catalog_label(&self) -> String {
         self.catalog
             .as_ref()
             .map_or("embedded".into(), |p| p.display().to_string())
@@ -122,7 +122,7 @@ impl Config {
     /// of `catalog-check` first (every default resolves to a release with a
     /// digest): a catalog from outside the binary never relaxes what is
     /// verified, and an incomplete one fails here, before any download.
-    pub fn load_catalog(&self) -> Result<Catalog> {
+    pub(crate) fn load_catalog(&self) -> Result<Catalog> {
         let catalog = self.load_catalog_unchecked()?;
         if self.catalog.is_some() {
             let problems = catalog.check();
@@ -146,7 +146,7 @@ impl Config {
 
     /// The catalog as parsed, for `catalog-check` (which reports the
     /// problems) and `matrix-exclusions`.
-    pub fn load_catalog_unchecked(&self) -> Result<Catalog> {
+    pub(crate) fn load_catalog_unchecked(&self) -> Result<Catalog> {
         match &self.catalog {
             Some(p) => Catalog::load(p),
             None => Catalog::embedded(),
@@ -154,7 +154,7 @@ impl Config {
     }
 
     /// The network policy shared by every download of a command.
-    pub fn fetch_options(&self) -> FetchPolicy {
+    pub(crate) fn fetch_options(&self) -> FetchPolicy {
         let d = &self.download;
         FetchPolicy {
             cache_dir: d

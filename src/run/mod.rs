@@ -26,13 +26,17 @@ mod config;
 mod prebuild;
 mod steps;
 
-pub use config::{BUILD_CACHE, Config, Download, HEADERS_CACHE, LoadSettings, PACKAGE_CACHE};
+pub use config::Config;
+
+pub use config::{Download, LoadSettings};
+
+pub(crate) use config::{BUILD_CACHE, HEADERS_CACHE};
 pub use prebuild::prebuild;
-pub(crate) use steps::look_up_first;
 use steps::{
     build_step, detect_with, fetch_fabric_manager, fetch_step, install_planned, resolve_with,
 };
-pub use steps::{detect, fetch, install, install_with_daemons, resolve, verify};
+pub use steps::{detect, fetch, install, resolve, verify};
+pub(crate) use steps::{install_with_daemons, look_up_first};
 
 /// `run`: each step's document goes to stderr; the RunResult summarizes.
 pub fn run(cfg: &Config) -> RunResult {

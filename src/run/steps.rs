@@ -64,7 +64,6 @@ pub(super) fn resolve_with(cfg: &Config, catalog: &Catalog, report: &HostReport)
             catalog,
             catalog_label: cfg.catalog_label(),
             kernel_release: cfg.kernel_release.clone(),
-            arch: cfg.arch,
             driver_version: cfg.driver_version.clone(),
             flavor: cfg.flavor,
         },
@@ -311,7 +310,7 @@ pub fn install(cfg: &Config, artifact: &Path) -> install::InstallResult {
 
 /// `install --fabric-manager ARCHIVE --persistenced`: the daemons without
 /// a plan.
-pub fn install_with_daemons(
+pub(crate) fn install_with_daemons(
     cfg: &Config,
     artifact: &Path,
     fabric_manager: Option<&Path>,

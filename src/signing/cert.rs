@@ -21,14 +21,14 @@ const CERT_FILE: Named = Named {
 };
 
 /// Reads and parses the certificate at `path`: its DER and its signer.
-pub fn read_certificate(path: &Path) -> Result<(Vec<u8>, Signer)> {
+pub(crate) fn read_certificate(path: &Path) -> Result<(Vec<u8>, Signer)> {
     let bytes = CERT_FILE.read(path)?;
     parse_certificate(&bytes, &path.display().to_string())
 }
 
 /// One X.509 certificate, PEM (`-----BEGIN CERTIFICATE-----`) or DER;
 /// `origin` names it in errors (its content is never quoted).
-pub fn parse_certificate(bytes: &[u8], origin: &str) -> Result<(Vec<u8>, Signer)> {
+pub(crate) fn parse_certificate(bytes: &[u8], origin: &str) -> Result<(Vec<u8>, Signer)> {
     let bad = |why: String| {
         Error::new(
             Failure::SigningFailed,
@@ -62,7 +62,7 @@ pub fn parse_certificate(bytes: &[u8], origin: &str) -> Result<(Vec<u8>, Signer)
 }
 
 /// Writes the certificate's DER to `out` (temporary file, then rename).
-pub fn write_der(der: &[u8], out: &Path) -> Result<()> {
+pub(crate) fn write_der(der: &[u8], out: &Path) -> Result<()> {
     crate::publish::write_atomic(out, der, 0o644, Failure::InvalidArgument)
 }
 

@@ -13,9 +13,9 @@ mod sign;
 
 use std::path::{Path, PathBuf};
 
-pub use cert::{parse_certificate, read_certificate, write_der};
-pub use modsig::{MAGIC, ModSig, is_signed_file, parse_modsig};
-pub use sign::{SignFile, find_sign_file, module_sig_hash, parse_module_sig_hash};
+pub(crate) use cert::{read_certificate, write_der};
+pub(crate) use modsig::is_signed_file;
+pub(crate) use sign::{SignFile, find_sign_file};
 
 use crate::error::{Error, Failure, Result};
 use crate::node::Signer;
@@ -31,7 +31,7 @@ pub struct SigningFiles {
 /// Everything a build needs to sign, checked before the compile: the
 /// certificate parsed, the key present, sign-file found, the hash known.
 #[derive(Debug, Clone)]
-pub struct Signing {
+pub(crate) struct Signing {
     pub files: SigningFiles,
     pub signer: Signer,
     pub sign_file: SignFile,
@@ -40,7 +40,11 @@ pub struct Signing {
 impl Signing {
     /// Checks the files and finds the headers' sign-file (`arch_dir`,
     /// then `common_dir`).
-    pub fn prepare(files: &SigningFiles, arch_dir: &Path, common_dir: &Path) -> Result<Signing> {
+    pub(crate) fn prepare(
+        files: &SigningFiles,
+        arch_dir: &Path,
+        common_dir: &Path,
+    ) -> Result<Signing> {
         let (_, signer) = read_certificate(&files.cert)?;
         check_key_file(&files.key)?;
         let sign_file = find_sign_file(arch_dir, common_dir)?;
@@ -52,7 +56,7 @@ impl Signing {
     }
 
     /// Signs `module` in place and checks the signature is there.
-    pub fn sign(&self, module: &Path) -> Result<()> {
+    pub(crate) fn sign(&self, module: &Path) -> Result<()> {
         self.sign_file
             .sign(&self.files.key, &self.files.cert, module)?;
         if !is_signed_file(module, Failure::SigningFailed)? {

@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::error::{Error, Failure, Result};
 
 /// What ends every signed module.
-pub const MAGIC: &[u8] = b"~Module signature appended~\n";
+pub(crate) const MAGIC: &[u8] = b"~Module signature appended~\n";
 
 /// `struct module_signature`'s size.
 const INFO_LEN: usize = 12;
@@ -20,7 +20,7 @@ const PKEY_ID_PKCS7: u8 = 2;
 
 /// A module's appended signature, from its trailer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ModSig {
+pub(crate) struct ModSig {
     /// The PKCS#7 message's length in bytes.
     pub sig_len: u32,
 }
@@ -28,7 +28,7 @@ pub struct ModSig {
 /// The trailer of a file of `file_len` bytes whose last bytes are `tail`
 /// (at least [`INFO_LEN`] + [`MAGIC`] of them): `None` when it carries no
 /// PKCS#7 module signature the kernel would read.
-pub fn parse_modsig(tail: &[u8], file_len: u64) -> Option<ModSig> {
+pub(crate) fn parse_modsig(tail: &[u8], file_len: u64) -> Option<ModSig> {
     let body = tail.strip_suffix(MAGIC)?;
     let info = body.get(body.len().checked_sub(INFO_LEN)?..)?;
     if info[2] != PKEY_ID_PKCS7 {
@@ -40,7 +40,7 @@ pub fn parse_modsig(tail: &[u8], file_len: u64) -> Option<ModSig> {
 }
 
 /// Whether the module at `path` ends with a PKCS#7 module signature.
-pub fn is_signed_file(path: &Path, reason: Failure) -> Result<bool> {
+pub(crate) fn is_signed_file(path: &Path, reason: Failure) -> Result<bool> {
     let io = |action: &str, e| Error::io(reason, action, path, e);
     let mut f = File::open(path).map_err(|e| io("opening", e))?;
     let len = f.metadata().map_err(|e| io("inspecting", e))?.len();

@@ -9,7 +9,7 @@ use crate::error::{Error, Failure, Result};
 
 /// sign-file and the hash algorithm to sign with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignFile {
+pub(crate) struct SignFile {
     pub path: PathBuf,
     /// `CONFIG_MODULE_SIG_HASH` (`sha256` on Debian's kernels).
     pub hash: String,
@@ -17,7 +17,7 @@ pub struct SignFile {
 
 impl SignFile {
     /// `sign-file <hash> <key> <cert> <module>`: signs `module` in place.
-    pub fn sign(&self, key: &Path, cert: &Path, module: &Path) -> Result<()> {
+    pub(crate) fn sign(&self, key: &Path, cert: &Path, module: &Path) -> Result<()> {
         let mut cmd = crate::process::command(&self.path);
         cmd.arg(&self.hash).arg(key).arg(cert).arg(module);
         let out = crate::process::output(&mut cmd, Failure::SigningFailed)?;
@@ -34,7 +34,7 @@ impl SignFile {
 
 /// The headers' sign-file (`scripts/sign-file` in the arch directory, else
 /// in the common one) with the kernel's hash algorithm.
-pub fn find_sign_file(arch_dir: &Path, common_dir: &Path) -> Result<SignFile> {
+pub(crate) fn find_sign_file(arch_dir: &Path, common_dir: &Path) -> Result<SignFile> {
     let found = [arch_dir, common_dir]
         .iter()
         .map(|d| d.join("scripts/sign-file"))
@@ -59,13 +59,13 @@ pub fn find_sign_file(arch_dir: &Path, common_dir: &Path) -> Result<SignFile> {
 
 /// `CONFIG_MODULE_SIG_HASH` from the headers' configuration; `sha256`
 /// (the kernel's default since 4.x) when it is not set.
-pub fn module_sig_hash(arch_dir: &Path) -> Result<String> {
+pub(crate) fn module_sig_hash(arch_dir: &Path) -> Result<String> {
     let hash = crate::headers::read_config_value(arch_dir, parse_module_sig_hash)?;
     Ok(hash.unwrap_or_else(|| "sha256".to_string()))
 }
 
 /// The hash name, if it is one sign-file takes (a plain lowercase name).
-pub fn parse_module_sig_hash(config: &str) -> Option<String> {
+pub(crate) fn parse_module_sig_hash(config: &str) -> Option<String> {
     crate::headers::parse_kconfig_string(config, "CONFIG_MODULE_SIG_HASH").filter(|h| {
         !h.is_empty()
             && h.len() <= 16
