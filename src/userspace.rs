@@ -2,7 +2,7 @@
 //! `.run`'s `.manifest` at build time, carried in the artifact under a
 //! root-filesystem layout (`usr/bin`, `usr/lib/<triplet>`), and registered
 //! on the host at install time (`ld.so.conf.d`, ldconfig,
-//! `/run/nvidia/driver`, written through [`crate::hostfs`]).
+//! `/run/nvidia/driver`, written through [`crate::confined_fs`]).
 //!
 //! Only what a headless compute node needs is taken: utilities, the NVML,
 //! CUDA, OpenCL and video-codec libraries and their SONAME links. OpenGL,

@@ -32,7 +32,7 @@
 //!    switched by rename and the user space registered.
 //!
 //! Every write under the host root (lock, staging, renames, links, device
-//! nodes, `ld.so.conf.d`, removals) goes through [`crate::hostfs`], which
+//! nodes, `ld.so.conf.d`, removals) goes through [`crate::confined_fs`], which
 //! resolves paths inside the root: a link such as `var/lib -> /elsewhere`
 //! in the host root never leads a write outside it.
 //!

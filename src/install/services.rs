@@ -1,5 +1,5 @@
 //! The daemons' services on the host: our systemd units for Fabric
-//! Manager and nvidia-persistenced (written through [`crate::hostfs`] and
+//! Manager and nvidia-persistenced (written through [`crate::confined_fs`] and
 //! enabled with the same link `systemctl enable` makes), and systemctl and
 //! journalctl run against the host's running systemd, reached in its mount
 //! namespace (hostPID) by a single-threaded child that enters
