@@ -677,10 +677,21 @@ fn fixture_readings_render_with_dcgm_names_units_and_labels() {
         "GPU + 2 MIG"
     );
 
+    assert_per_pod_memory(&samples, &gpu0);
+    let up = one(&samples, "gpu_driver_exporter_nvml_up", &[]);
+    assert_eq!((up.value, up.labels.len()), (1.0, 0));
+    let info = one(&samples, "gpu_driver_exporter_driver_info", &[]);
+    assert_eq!(info.labels["driver_version"], "550.127.05");
+    assert_eq!(one(&samples, "gpu_driver_exporter_gpus", &[]).value, 2.0);
+}
+
+/// Per-process memory per pod: named where the log link is there, by
+/// UID otherwise; the host process apart.
+fn assert_per_pod_memory(samples: &[Sample], gpu0: &[(&str, &str)]) {
     // Per-process memory per pod: named where the log link is there, by
     // UID otherwise; the host process apart.
     let per_pod = "gpu_driver_exporter_container_gpu_memory_used_bytes";
-    let named = one(&samples, per_pod, &[("pod", "train-0")]);
+    let named = one(samples, per_pod, &[("pod", "train-0")]);
     assert_eq!(named.value, 60_129_542_144.0);
     assert_eq!(
         named.labels["pod_uid"],
@@ -694,38 +705,32 @@ fn fixture_readings_render_with_dcgm_names_units_and_labels() {
         ("ml", "cuda")
     );
     let by_uid = one(
-        &samples,
+        samples,
         per_pod,
         &[("pod_uid", "d7874f44-eee0-423c-83c9-f246075bdde1")],
     );
     assert_eq!(by_uid.value, 2_147_483_648.0);
     assert!(!by_uid.labels.contains_key("pod"));
-    let mig = one(&samples, per_pod, &[("GPU_I_ID", "1")]);
+    let mig = one(samples, per_pod, &[("GPU_I_ID", "1")]);
     assert_eq!(
         mig.labels["pod_uid"],
         "a5c1f8d5-1919-434d-add7-4afaafdaef89"
     );
     let host = one(
-        &samples,
+        samples,
         "gpu_driver_exporter_host_gpu_memory_used_bytes",
-        &gpu0,
+        gpu0,
     );
     assert_eq!(host.value, 524_288_000.0);
     // PID 52002 has no /proc entry (exited, or no host /proc): in no series.
     let host_gpu1 = [("gpu", "1")];
     assert!(
         find(
-            &samples,
+            samples,
             "gpu_driver_exporter_host_gpu_memory_used_bytes",
             &host_gpu1
         )
         .is_empty()
     );
-    assert_eq!(find(&samples, per_pod, &host_gpu1).len(), 1);
-
-    let up = one(&samples, "gpu_driver_exporter_nvml_up", &[]);
-    assert_eq!((up.value, up.labels.len()), (1.0, 0));
-    let info = one(&samples, "gpu_driver_exporter_driver_info", &[]);
-    assert_eq!(info.labels["driver_version"], "550.127.05");
-    assert_eq!(one(&samples, "gpu_driver_exporter_gpus", &[]).value, 2.0);
+    assert_eq!(find(samples, per_pod, &host_gpu1).len(), 1);
 }

@@ -52,27 +52,7 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
     let url = server.url("cluster-a");
     let node = fx.node("node");
 
-    // Before any build Job: an install Job that may not compile fails,
-    // and, read-only, writes nothing (not even the package it fetched).
-    let empty = snapshot(&server.bucket_dir());
-    let r = run_s3(
-        &server,
-        run_node(&node, &pkg, &url, &["--cache-read-only", "--no-compile"]),
-    );
-    assert_eq!(r.reason(), "ArtifactNotCached", "{}\n{}", r.doc, r.stderr);
-    assert_eq!(r.code, 13, "{}", r.doc);
-    let msg = r.message();
-    assert!(
-        msg.contains("artifacts/v") && msg.contains("prebuild"),
-        "{msg}"
-    );
-    assert_eq!(step_kinds(&r).last().unwrap(), "BuildResult");
-    assert_eq!(fx.compiles(), 0, "--no-compile compiled");
-    assert_eq!(
-        snapshot(&server.bucket_dir()),
-        empty,
-        "a read-only run wrote"
-    );
+    assert_an_install_before_any_build_fails_unwritten(&server, &fx, &node, &pkg, &url);
 
     // The build Job: no GPU known, so auto is what resolve picks without
     // GPUs (535 predates open-by-default: proprietary), and says so.
@@ -147,16 +127,29 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
     // Then install, stopped at the missing --module-params.
     assert_eq!(step_kinds(&r).last().unwrap(), "InstallResult", "{}", r.doc);
     assert_eq!(fx.compiles(), 1);
+    assert_a_refused_entry_is_compiled_not_stored(&server, &fx, &node, &pkg, &url, &wrong, &stored);
+}
 
+/// Allowed to compile, a node refuses the entry all the same, compiles
+/// its own, and neither replaces the entry nor stores anything.
+fn assert_a_refused_entry_is_compiled_not_stored(
+    server: &S3Server,
+    fx: &Fixture,
+    node: &Path,
+    pkg: &[String],
+    url: &str,
+    wrong: &str,
+    stored: &std::collections::BTreeMap<PathBuf, Vec<u8>>,
+) {
     // Allowed to compile, a node refuses the entry all the same, compiles
     // its own, and neither replaces the entry nor stores anything.
     let r = run_s3(
-        &server,
+        server,
         run_node(
-            &node,
-            &pkg,
-            &url,
-            &["--cache-read-only", "--artifact-sha256", &wrong],
+            node,
+            pkg,
+            url,
+            &["--cache-read-only", "--artifact-sha256", wrong],
         ),
     );
     let build = step(&r, "BuildResult");
@@ -174,7 +167,39 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
     assert_eq!(fx.compiles(), 2);
     assert_eq!(
         snapshot(&server.bucket_dir()),
-        stored,
+        *stored,
+        "a read-only run wrote"
+    );
+}
+
+/// Before any build Job: an install Job that may not compile fails,
+/// and, read-only, writes nothing (not even the package it fetched).
+fn assert_an_install_before_any_build_fails_unwritten(
+    server: &S3Server,
+    fx: &Fixture,
+    node: &Path,
+    pkg: &[String],
+    url: &str,
+) {
+    // Before any build Job: an install Job that may not compile fails,
+    // and, read-only, writes nothing (not even the package it fetched).
+    let empty = snapshot(&server.bucket_dir());
+    let r = run_s3(
+        server,
+        run_node(node, pkg, url, &["--cache-read-only", "--no-compile"]),
+    );
+    assert_eq!(r.reason(), "ArtifactNotCached", "{}\n{}", r.doc, r.stderr);
+    assert_eq!(r.code, 13, "{}", r.doc);
+    let msg = r.message();
+    assert!(
+        msg.contains("artifacts/v") && msg.contains("prebuild"),
+        "{msg}"
+    );
+    assert_eq!(step_kinds(&r).last().unwrap(), "BuildResult");
+    assert_eq!(fx.compiles(), 0, "--no-compile compiled");
+    assert_eq!(
+        snapshot(&server.bucket_dir()),
+        empty,
         "a read-only run wrote"
     );
 }
@@ -517,15 +542,25 @@ fn s3_a_node_whose_artifact_is_cached_downloads_only_the_artifact() {
         r.doc
     );
 
-    // Allowed to compile and missing (another digest pinned): fetched (from
-    // the store's package copy, which the build Job left) and built as
-    // before the lookup came first.
+    assert_a_missing_digest_is_fetched_and_built(&server, &fx, &node, &pkg, &url);
+}
+
+/// Allowed to compile and missing (another digest pinned): fetched (from
+/// the store's package copy, which the build Job left) and built as
+/// before the lookup came first.
+fn assert_a_missing_digest_is_fetched_and_built(
+    server: &S3Server,
+    fx: &Fixture,
+    node: &Path,
+    pkg: &[String],
+    url: &str,
+) {
     let r = run_s3(
-        &server,
+        server,
         run_node(
-            &node,
-            &pkg,
-            &url,
+            node,
+            pkg,
+            url,
             &["--cache-read-only", "--artifact-sha256", &sha256(b"x")],
         ),
     );

@@ -3,7 +3,6 @@
 
 use super::*;
 
-
 /// The policy's `deniedFlags` list.
 fn denied_flags() -> BTreeSet<String> {
     let policy = &documents("deploy/admission-policy.yaml")[0];

@@ -67,18 +67,7 @@ fn manifests_parse_and_rbac_is_least_privilege() {
         for doc in documents(&format!("deploy/{r}")) {
             let kind = doc["kind"].as_str().unwrap().to_string();
             match kind.as_str() {
-                "Deployment" => {
-                    let d: Deployment = typed(&doc);
-                    let pod = d.spec.unwrap().template.spec.unwrap();
-                    assert_eq!(
-                        pod.service_account_name.as_deref(),
-                        Some("gpu-driver-operator")
-                    );
-                    let c = &pod.containers[0];
-                    let sc = c.security_context.as_ref().unwrap();
-                    assert_eq!(sc.privileged, None, "the operator is not privileged");
-                    assert_eq!(sc.read_only_root_filesystem, Some(true));
-                }
+                "Deployment" => operator_is_unprivileged(&doc),
                 "ServiceAccount" => {
                     let sa: ServiceAccount = typed(&doc);
                     if matches!(
@@ -170,6 +159,21 @@ fn manifests_parse_and_rbac_is_least_privilege() {
     let gd: gpu_driver_operator::crd::GpuDriver =
         typed(&documents("deploy/examples/gpudriver.yaml")[0]);
     assert!(!gd.spec.builder_images.is_empty());
+}
+
+/// The operator's Deployment: its own account, unprivileged, a read-only
+/// root.
+fn operator_is_unprivileged(doc: &serde_yaml::Value) {
+    let d: Deployment = typed(doc);
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("gpu-driver-operator")
+    );
+    let c = &pod.containers[0];
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.privileged, None, "the operator is not privileged");
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
 }
 
 /// The exporter's DaemonSet (deploy/exporter.yaml; the chart renders the
