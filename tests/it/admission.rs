@@ -36,11 +36,9 @@ fn installer() -> String {
 }
 
 fn gpudriver(name: &str, builder_image: &str, installer: &str, extra_args: &[&str]) -> Value {
-    json!({
-        "apiVersion": "gpu-driver.gardenlinux.io/v1alpha1",
-        "kind": "GpuDriver",
-        "metadata": {"name": name},
-        "spec": {
+    crate::support::manifests::gpudriver(
+        name,
+        json!({
             "nodeSelector": {"pool": "gpu"},
             "builderImages": [
                 {"gardenLinuxVersion": "1877", "image": builder_image},
@@ -48,8 +46,8 @@ fn gpudriver(name: &str, builder_image: &str, installer: &str, extra_args: &[&st
             ],
             "installerImage": installer,
             "extraArgs": extra_args,
-        }
-    })
+        }),
+    )
 }
 
 fn with_cache(mut gd: Value, cache: Value) -> Value {

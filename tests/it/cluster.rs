@@ -13,18 +13,10 @@ use serde_json::Value;
 const WAIT: Duration = Duration::from_secs(90);
 
 fn node(name: &str) -> String {
-    // Status at creation is kept for Nodes, and KWOK's node-initialize stage
-    // keeps the nodeInfo it finds: the operator reads kernel and OS from it.
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"feature.node.kubernetes.io/pci-10de.present": "true"}},
-        "status": {"nodeInfo": {
-            "kernelVersion": "6.6.63-cloud-amd64",
-            "osImage": "Garden Linux 1592.4",
-            "bootID": "boot-1",
-        }}
-    })
+    crate::support::manifests::garden_linux_node(
+        name,
+        serde_json::json!({"feature.node.kubernetes.io/pci-10de.present": "true"}),
+    )
     .to_string()
 }
 

@@ -3,28 +3,6 @@
 
 use super::*;
 
-/// What a real `gpu-driver-installer detect` writes for a fixture host.
-fn host_report(fixture: &str) -> String {
-    let root = gpu_driver_installer::host_root::HostRoot::new(
-        crate::support::repo_root()
-            .join("tests/fixtures/hosts")
-            .join(fixture),
-        gpu_driver_installer::host_root::HostRootSource::Flag,
-    );
-    let catalog = gpu_driver_installer::catalog::Catalog::embedded().unwrap();
-    let doc = gpu_driver_installer::detect::detect(&gpu_driver_installer::detect::DetectOptions {
-        root: &root,
-        catalog: &catalog,
-        kernel_release: None,
-        arch: None,
-    });
-    gpu_driver_installer::report::termination_message(
-        gpu_driver_installer::report::Kind::HostReport,
-        &doc,
-    )
-    .unwrap()
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

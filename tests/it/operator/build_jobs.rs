@@ -2,34 +2,6 @@
 
 use super::*;
 
-/// What a real `gpu-driver-installer prebuild` writes once the artifact is
-/// in the store.
-fn build_result(sha: &str, kernel: &str) -> String {
-    let mut steps = Steps::new();
-    steps.set_built(BuiltArtifact {
-        driver_version: "580.95.05".into(),
-        flavor: gpu_driver_installer::node::ModuleFlavor::Open,
-        kernel_release: kernel.into(),
-        arch: gpu_driver_installer::node::CpuArch::X86_64,
-        cache_key: format!("artifacts/v1.1/x86_64/{kernel}/580.95.05/open/cc-0123456789abcdef"),
-        artifact_sha256: sha.into(),
-    });
-    let doc = steps.succeed(
-        RunSpec {
-            host_root: "/".into(),
-            artifact: None,
-            driver_version: None,
-            target: None,
-        },
-        Done::new(Success::Built, "stored"),
-    );
-    gpu_driver_installer::report::termination_message(
-        gpu_driver_installer::report::Kind::RunResult,
-        &doc,
-    )
-    .unwrap()
-}
-
 fn args_of(job: &Value) -> String {
     job["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
@@ -67,8 +39,10 @@ fn build_jobs_prebuild_targets_and_hand_their_digest_to_installs() {
     let Some(c) = manual_cluster() else { return };
     // A CPU node for build Jobs (the kubelet's arch label), in no GPU pool.
     c.apply(
-        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-1",
-            "labels": {"kubernetes.io/arch": "amd64", "pool": "cpu"}}})
+        &objects::node(
+            "cpu-1",
+            json!({"kubernetes.io/arch": "amd64", "pool": "cpu"}),
+        )
         .to_string(),
     );
     let mut gd = gpudriver_value("bld");

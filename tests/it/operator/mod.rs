@@ -6,31 +6,18 @@
 //! (new bootID) and an OS upgrade (new osImage and kernel) reinstall. The operator runs in-process with a real kube
 //! client, authenticated as its own ServiceAccount (deploy/rbac.yaml). Fails (does not skip) under CI=true without the binaries.
 
-use std::sync::Arc;
-
-use std::time::Duration;
-
 use crate::support::cluster::{Cluster, EXIT_CODE, JobPods, TERMINATION_MESSAGE};
-
 use crate::support::deploy::{install_crd, repo_file, yaml_files};
-
+use crate::support::manifests as objects;
+use crate::support::results::{build_result, host_report, run_result, run_result_of};
 use gpu_driver_installer::report::Reason;
-
-use gpu_driver_installer::run::{BuiltArtifact, Installed, RunSpec, Steps};
-
-use gpu_driver_installer::step::Done;
-
-use gpu_driver_installer::{Error, Success};
-
 use gpu_driver_operator::controller::{self, Options};
-
 use gpu_driver_operator::keys;
-
 use gpu_driver_operator::leader;
-
 use gpu_driver_operator::metrics::Metrics;
-
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
 
 mod binary;
 mod build_jobs;
@@ -42,44 +29,10 @@ const WAIT: Duration = Duration::from_secs(120);
 
 const NS: &str = "gpu-driver";
 
-/// What a real `gpu-driver-installer run` writes on success or failure.
-fn run_result(reason: Reason, message: &str) -> String {
-    run_result_of(reason, message, "580.95.05")
-}
-
-/// [`run_result`] of an installer that installed driver `version`.
-fn run_result_of(reason: Reason, message: &str, version: &str) -> String {
-    let mut steps = Steps::new();
-    if reason == Reason::Verified {
-        steps.set_installed(Installed {
-            driver_version: Some(version.into()),
-            flavor: Some(gpu_driver_installer::node::ModuleFlavor::Open),
-            kernel_release: Some("6.6.63-cloud-amd64".into()),
-        });
-    }
-    let spec = RunSpec {
-        host_root: "/proc/1/root".into(),
-        artifact: None,
-        driver_version: None,
-        target: None,
-    };
-    let doc = match reason.split() {
-        Ok(success) => steps.succeed(spec, Done::new(success, message)),
-        Err(failure) => steps.stop(spec, &Error::new(failure, message)),
-    };
-    gpu_driver_installer::report::termination_message(
-        gpu_driver_installer::report::Kind::RunResult,
-        &doc,
-    )
-    .unwrap()
-}
-
 fn gpudriver(name: &str, pool: &str, pod_annotations: Value) -> String {
-    json!({
-        "apiVersion": "gpu-driver.gardenlinux.io/v1alpha1",
-        "kind": "GpuDriver",
-        "metadata": {"name": name},
-        "spec": {
+    objects::gpudriver(
+        name,
+        json!({
             "nodeSelector": {"pool": pool},
             "builderImages": [{"gardenLinuxVersion": "1592", "image": "kmodbuild:{gardenLinuxVersion}"}],
             "installerImage": "gpu-driver-installer:test",
@@ -87,8 +40,8 @@ fn gpudriver(name: &str, pool: &str, pod_annotations: Value) -> String {
             "driver": {"flavor": "open"},
             "job": {"retryBaseSeconds": 3600},
             "podAnnotations": pod_annotations,
-        }
-    })
+        }),
+    )
     .to_string()
 }
 
@@ -97,17 +50,8 @@ fn node(name: &str, pool: &str, gpu: bool, taint: bool) -> String {
     if gpu {
         labels[keys::NFD_NVIDIA_LABEL] = json!("true");
     }
-    let mut n = json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
-        "status": {"nodeInfo": {
-            "kernelVersion": "6.6.63-cloud-amd64",
-            "osImage": "Garden Linux 1592.4",
-            "bootID": "boot-1",
-            "architecture": "amd64",
-        }}
-    });
+    let mut n = objects::garden_linux_node(name, labels);
+    n["status"]["nodeInfo"]["architecture"] = json!("amd64");
     if taint {
         n["spec"] = json!({"taints": [{"key": "gpu-driver.gardenlinux.io/driver-not-ready", "effect": "NoSchedule"}]});
     }

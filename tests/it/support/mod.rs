@@ -11,7 +11,9 @@ pub mod fabric;
 pub mod host;
 pub mod http;
 pub mod kernel_headers;
+pub mod manifests;
 pub mod om;
+pub mod results;
 pub mod run;
 pub mod tools;
 
