@@ -1,8 +1,9 @@
 //! `prebuild`: resolve → fetch → build for a target given on the command
 //! line instead of a detected host, and the artifact stored in the cache.
 
+use super::config::Config;
 use super::steps::{build_step, fetch_step, look_up_first, resolve_with};
-use super::{BuiltArtifact, Config, PrebuildTarget, RunResult, RunSpec, Steps};
+use super::summary::{BuiltArtifact, PrebuildTarget, RunResult, RunSpec, Steps};
 use crate::build::BuildResult;
 use crate::catalog::Catalog;
 use crate::detect::{self, HostReport};

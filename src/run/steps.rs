@@ -14,7 +14,7 @@ use crate::node::{CpuArch, ModuleFlavor};
 use crate::resolve::{self, InstallPlan, ResolveOptions, ResolveSpec};
 use crate::verify::{self, VerifyOptions};
 
-use super::{BUILD_CACHE, Config, HEADERS_CACHE};
+use super::config::{BUILD_CACHE, Config, HEADERS_CACHE};
 
 /// `detect`: the host report.
 pub fn detect(cfg: &Config) -> HostReport {

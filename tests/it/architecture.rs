@@ -38,8 +38,10 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
     ("gpu-driver-serve", &[]),
 ];
 
+/// The workspace root: the tests are a package of their own, two levels
+/// down.
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    crate::support::repo_root()
 }
 
 fn src_of(krate: &str) -> PathBuf {
