@@ -472,7 +472,7 @@ fn installer_lines_with(needle: &str, allowed: &[&str]) -> Vec<String> {
 fn step_documents_are_made_by_the_one_adapter() {
     let by_hand = installer_lines_with(
         "Document::new(",
-        &["step.rs", "run/mod.rs", "catalog/check.rs"],
+        &["step.rs", "run/summary.rs", "catalog/check.rs"],
     );
     assert!(
         by_hand.is_empty(),
