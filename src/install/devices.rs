@@ -202,7 +202,8 @@ pub(super) fn write_kernel_param(
     if path == root.join(rel) {
         fs.write_existing(rel, value.as_bytes())
     } else {
-        fs::write(&path, value).map_err(|e| Error::io(super::LOCAL_IO, "writing", &path, e))
+        fs::write(&path, value)
+            .map_err(|e| Error::io(super::options::LOCAL_IO, "writing", &path, e))
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{InstallOptions, UninstallOptions};
+use super::options::{InstallOptions, UninstallOptions};
 use crate::node::ModuleFlavor;
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 use crate::step::StepStatus;

@@ -49,94 +49,21 @@ mod devices;
 mod documents;
 mod holders;
 mod kmod;
+mod options;
 mod roots;
 mod services;
 mod steps;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-use crate::error::{Error, Failure, Result};
-use crate::host_root::HostRoot;
+use crate::error::Error;
 use crate::step::{self, StepStatus, Stopped};
 
-pub use documents::{Action, InstallResult};
-
-pub use documents::{InstallSpec, InstallStatus};
-
-pub use documents::{FabricManagerState, ModuleState, ServiceState, UserSpace};
-
-pub use documents::ModuleAction;
+pub use documents::{
+    Action, FabricManagerState, InstallResult, InstallSpec, InstallStatus, ModuleAction,
+    ModuleState, ServiceState, UserSpace,
+};
 pub use gpu_driver_contract::layout::DRIVERS_DIR;
+pub use options::{FabricManagerArchive, InstallOptions, UninstallOptions};
 pub(crate) use services::{HostTool, exec_host_tool};
-
-/// The host lock every installer takes before touching modules.
-const LOCK_PATH: &str = "/run/gpu-driver/install.lock";
-
-/// The reason of a failure on this machine's own files (not the host's).
-const LOCAL_IO: Failure = Failure::Internal;
-
-pub struct InstallOptions<'a> {
-    pub root: &'a HostRoot,
-    pub artifact: PathBuf,
-    pub kernel_release: Option<String>,
-    pub module_params: Option<PathBuf>,
-    /// Parameters the plan sets (catalog `moduleParams`), by module; the
-    /// `--module-params` file's come after them.
-    pub planned_params: BTreeMap<String, String>,
-    /// Switch the GPUs' IOMMU groups to passthrough before loading (the
-    /// plan's `iommuPassthrough`).
-    pub iommu_passthrough: bool,
-    pub drm: bool,
-    pub peermem: bool,
-    pub force: bool,
-    /// Fabric Manager to place into the driver root and run as a service.
-    pub fabric_manager: Option<FabricManagerArchive>,
-    /// Run the driver root's nvidia-persistenced as a service.
-    pub persistenced: bool,
-}
-
-pub struct UninstallOptions<'a> {
-    pub root: &'a HostRoot,
-    /// Module names; empty: NVIDIA's stack.
-    pub modules: Vec<String>,
-    pub force: bool,
-}
-
-/// Fabric Manager's archive, fetched and verified by `run`.
-#[derive(Debug, Clone)]
-pub struct FabricManagerArchive {
-    pub path: PathBuf,
-    pub sha256: String,
-    pub version: String,
-}
-
-impl FabricManagerArchive {
-    /// A local archive (`install --fabric-manager`): its version from
-    /// NVIDIA's file name, its sha256 from its bytes (the caller vouches
-    /// for the file, as for `--artifact`).
-    pub fn local(path: &Path) -> Result<Self> {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let version = crate::fabric::archive_version(&name).ok_or_else(|| {
-            Error::new(
-                Failure::FabricManagerFailed,
-                format!(
-                    "{}: not named like NVIDIA's archive fabricmanager-linux-<platform>-<version>-archive.tar.xz",
-                    path.display()
-                ),
-            )
-        })?;
-        let (sha256, _) = crate::digest::sha256_file(path, Failure::FabricManagerFailed)?;
-        Ok(FabricManagerArchive {
-            path: path.to_path_buf(),
-            sha256,
-            version,
-        })
-    }
-}
 
 /// Installs the artifact `opts` names; the result says what happened,
 /// failures included.
@@ -159,21 +86,4 @@ pub fn uninstall(opts: &UninstallOptions) -> InstallResult {
         documents::uninstall_spec(opts),
         step::attempt(InstallStatus::unfinished(), |st| steps::uninstall(opts, st)),
     )
-}
-
-/// Loading and unloading modules needs root: refused up front, before
-/// the lock or anything else is touched.
-fn check_root() -> Result<()> {
-    if nix::unistd::geteuid().is_root() {
-        Ok(())
-    } else {
-        Err(Error::new(
-            Failure::NotRoot,
-            format!(
-                "loading kernel modules needs root (effective uid is {})",
-                nix::unistd::geteuid()
-            ),
-        )
-        .with_hint("run as root: sudo, nsenter from a privileged pod, or a privileged container"))
-    }
 }

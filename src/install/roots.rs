@@ -7,11 +7,12 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use super::documents::{FabricManagerState, InstallStatus};
-use super::{DRIVERS_DIR, FabricManagerArchive, LOCAL_IO};
+use super::options::{FabricManagerArchive, LOCAL_IO};
 use crate::artifact::Manifest;
 use crate::confined_fs::{HostFs, Kind as FsKind};
 use crate::error::{Error, Failure, Result};
 use crate::host_root::HostRoot;
+use gpu_driver_contract::layout::DRIVERS_DIR;
 
 /// The name prefix of the directory an artifact is unpacked into.
 const STAGING_PREFIX: &str = ".staging-";

@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 
 use super::documents::{InstallStatus, ModuleAction, ModuleState, user_space_status};
 use super::kmod::{self, KernelModule, NVIDIA_STACK};
+use super::options::{InstallOptions, LOCAL_IO, UninstallOptions};
 use super::roots::{self, Staging, in_drivers};
-use super::{
-    InstallOptions, LOCAL_IO, LOCK_PATH, UninstallOptions, check_root, devices, holders, services,
-};
+use super::{devices, holders, services};
 use crate::artifact::{self, Manifest};
 use crate::confined_fs::{HostFs, HostRootFs};
 use crate::error::Success;
@@ -628,4 +627,24 @@ pub(super) fn uninstall(opts: &UninstallOptions, st: &mut InstallStatus) -> Resu
         Success::Uninstalled,
         format!("unloaded {}", done.join(", ")),
     ))
+}
+
+/// The host lock every installer takes before touching modules.
+const LOCK_PATH: &str = "/run/gpu-driver/install.lock";
+
+/// Loading and unloading modules needs root: refused up front, before
+/// the lock or anything else is touched.
+fn check_root() -> Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Failure::NotRoot,
+            format!(
+                "loading kernel modules needs root (effective uid is {})",
+                nix::unistd::geteuid()
+            ),
+        )
+        .with_hint("run as root: sudo, nsenter from a privileged pod, or a privileged container"))
+    }
 }
