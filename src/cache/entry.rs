@@ -6,11 +6,16 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::status::CacheStatus;
 use super::store::{Downloaded, Store, unavailable};
-use super::{CacheStatus, FORMAT_VERSION};
 use crate::artifact::{MANIFEST_VERSION, Manifest};
 use crate::error::{Error, Failure, Result};
 use crate::node::{CpuArch, ModuleFlavor};
+
+/// The layout and entry format of the cache. Bumped when either changes
+/// (the build manifest's own version is part of the key as well), so that
+/// old and new installers never read each other's entries.
+const FORMAT_VERSION: u32 = 1;
 
 /// Everything that makes two artifacts interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

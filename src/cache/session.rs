@@ -4,16 +4,21 @@
 
 use std::ops::ControlFlow;
 use std::path::Path;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use object_store::{PutMode, UpdateVersion};
 use serde::{Deserialize, Serialize};
 
 use super::entry::{CacheKey, Found, StoredEntry, Wanted, read_entry};
+use super::status::{CacheOutcome, CacheStatus};
 use super::store::{CacheConfig, Store, StoreResult, describe, is_conflict};
-use super::{CacheOutcome, CacheStatus, LEASE_SETTLE};
 use crate::artifact::Manifest;
 use crate::error::{Error, Failure};
+
+/// How long a builder that created the lease waits before checking that
+/// the lease still names it (see [`Session::acquire_lease`]). Paid once per
+/// compile, which takes minutes.
+const LEASE_SETTLE: Duration = Duration::from_millis(1000);
 
 /// A lease object is a few hundred bytes; a bigger one is not ours.
 const LEASE_MAX: u64 = 64 << 10;

@@ -12,8 +12,16 @@ use object_store::{
 };
 use sha2::{Digest, Sha256};
 
-use super::{DEFAULT_LEASE_TTL_SECS, DEFAULT_POLL_MS, DEFAULT_WAIT_SECS};
 use crate::error::{Error, Failure, Result};
+
+/// Default of `--cache-wait`: how long a builder waits for another one that
+/// holds the key's lease (a compile takes 2–5 minutes).
+pub(crate) const DEFAULT_WAIT_SECS: u64 = 900;
+/// Default of `--cache-lease-ttl`: a lease older than this is taken to be
+/// left by a builder that crashed.
+pub(crate) const DEFAULT_LEASE_TTL_SECS: u64 = 1800;
+/// Default of `--cache-poll-ms`: how often a waiting builder looks again.
+pub(crate) const DEFAULT_POLL_MS: u64 = 2000;
 
 /// `--cache-url` and its companions.
 #[derive(Debug, Clone, PartialEq, Eq)]
