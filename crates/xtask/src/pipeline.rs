@@ -70,7 +70,7 @@ impl Run {
             ])
         })?;
         self.stages.run("toolchain", || {
-            run(&mut cmd("cargo").arg("--version"))?;
+            run(cmd("cargo").arg("--version"))?;
             let _ = cmd("rustup")
                 .args(["component", "add", "clippy", "rustfmt"])
                 .output();

@@ -91,7 +91,7 @@ pub fn k8s(repo: &Path, cache: &Cache) -> Result<PathBuf> {
             entry.path().display()
         );
         for m in ["kubernetes", "etcd", "kwok"] {
-            run(&mut go
+            run(go
                 .go(&tools.join(m), false, &["mod", "download"])
                 .env("GOFLAGS", "-mod=readonly"))?;
         }
