@@ -1,8 +1,8 @@
 #!/bin/busybox sh
 # /init of the VM tests' initramfs (scripts/vm-test on x86_64,
 # scripts/vm-test-arm64 on an emulated arm64 machine): runs the installer
-# against the real kernel and prints each result between markers for
-# tests/it/vm.rs and scripts/e2e.
+# against the real kernel and prints each result between markers, which
+# crates/xtask/src/vmlog.rs parses (for tests/it/vm.rs and cargo xtask e2e).
 #
 # Which steps run comes from the kernel command line: gpu_driver_vm=nvidia
 # (scripts/vm-test-arm64, which has no hello.ko built for its kernel) runs

@@ -1,7 +1,7 @@
 # Sourced by the VM tests' /init scripts (tests/vm-init.sh,
 # tests/vm-init-secureboot.sh), which the scripts copy into the initramfs as
-# /vm-step.sh beside them: the one marker format tests/it/vm.rs and
-# scripts/e2e read.
+# /vm-step.sh beside them: the one marker format, parsed by
+# crates/xtask/src/vmlog.rs.
 # step NAME ARGS...: runs the installer, prints exit code, result, stderr
 # and /proc/modules afterwards.
 step() {
