@@ -1,11 +1,26 @@
 //! The module flavor: open or proprietary, from `--flavor`, the GPUs'
 //! families, the driver branch and the OS's flavor rules.
 
-use super::{FlavorChoice, OPEN_DEFAULT_FROM_BRANCH};
-use crate::catalog::{Architecture, FlavorRule};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{self, Architecture, FlavorRule};
 use crate::detect::Gpu;
 use crate::error::{Error, Failure, Result};
 use crate::node::ModuleFlavor;
+
+/// `--flavor`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FlavorChoice {
+    #[default]
+    Auto,
+    Open,
+    Proprietary,
+}
+
+/// Auto picks the open modules from this branch on (NVIDIA's default since 560).
+pub(crate) const OPEN_DEFAULT_FROM_BRANCH: u32 = catalog::OPEN_BY_DEFAULT_FROM;
 
 /// Open for Turing and newer with drivers from 560 on, proprietary otherwise;
 /// open is refused for GPUs that cannot use it (Volta and older), and

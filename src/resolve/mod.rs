@@ -15,21 +15,9 @@ use crate::step::{self, Done, StepStatus, Stopped};
 
 mod flavor;
 
+pub use flavor::FlavorChoice;
 pub(crate) use flavor::choose_flavor;
 use flavor::flavor_by_rule;
-
-/// `--flavor`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum FlavorChoice {
-    #[default]
-    Auto,
-    Open,
-    Proprietary,
-}
-
-/// Auto picks the open modules from this branch on (NVIDIA's default since 560).
-pub(crate) const OPEN_DEFAULT_FROM_BRANCH: u32 = catalog::OPEN_BY_DEFAULT_FROM;
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
