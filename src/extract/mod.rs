@@ -19,50 +19,14 @@ use crate::error::{Error, Failure, Result};
 use crate::node::ModuleFlavor;
 use crate::runfile;
 
+mod limits;
 mod tree;
 
 pub use crate::runfile::{Checksum, Compression};
-use tree::Tree;
-
-/// Failures of the local filesystem (opening the package, creating the
-/// target, writing files) are not the package's fault; the closed reason
-/// list has nothing closer than Internal for them (a full disk becomes
-/// InsufficientDisk in `Error::io`).
-const LOCAL_IO: Failure = Failure::Internal;
-
-/// Bounds on what one extraction may write, so that a small hostile
-/// archive (a sparse-file or compression bomb) cannot fill the disk or
-/// exhaust the inodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Bytes of file contents in the whole tree.
-    pub max_bytes: u64,
-    /// Files, directories and links in the whole tree.
-    pub max_entries: u64,
-}
-
-/// NVIDIA's largest `.run` (x86_64, with its user space) unpacks to about
-/// 1 GiB and 2,000 entries; kernel headers to about 100 MiB and 25,000
-/// entries. The defaults leave room for several times that.
-pub(crate) const DEFAULT_LIMITS: Limits = Limits {
-    max_bytes: 8 << 30,
-    max_entries: 500_000,
-};
-
-static LIMITS: std::sync::OnceLock<Limits> = std::sync::OnceLock::new();
-
-/// Sets the limits for this process (`--max-unpacked-size`), once, before
-/// any extraction; later calls are ignored.
-pub(crate) fn set_limits(limits: Limits) {
-    let _ = LIMITS.set(limits);
-}
-
-fn limits() -> Limits {
-    LIMITS.get().copied().unwrap_or(DEFAULT_LIMITS)
-}
-
-/// Symlinks followed while checking where a link leads, as Linux's limit.
-const MAX_LINK_HOPS: usize = 40;
+pub use limits::Limits;
+use limits::limits;
+pub(crate) use limits::{DEFAULT_LIMITS, set_limits};
+use tree::{LOCAL_IO, Tree};
 
 /// What a package source is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -9,8 +9,17 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::{LOCAL_IO, Limits, MAX_LINK_HOPS, limits};
+use super::limits::{Limits, limits};
 use crate::error::{Error, Failure, Result};
+
+/// Failures of the local filesystem (opening the package, creating the
+/// target, writing files) are not the package's fault; the closed reason
+/// list has nothing closer than Internal for them (a full disk becomes
+/// InsufficientDisk in `Error::io`).
+pub(super) const LOCAL_IO: Failure = Failure::Internal;
+
+/// Symlinks followed while checking where a link leads, as Linux's limit.
+const MAX_LINK_HOPS: usize = 40;
 
 /// `/usr/src/x` seen from the link `lib/modules/r/build` (both inside a
 /// root image) → `../../../usr/src/x`: the same place, reached without
