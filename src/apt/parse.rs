@@ -3,7 +3,7 @@
 
 use std::io::BufRead;
 
-use super::{Dependency, Package, Relation, Release, ReleaseFile};
+use super::records::{Dependency, Package, Relation, Release, ReleaseFile};
 use crate::error::{Error, Failure, Result};
 use crate::fetch;
 
