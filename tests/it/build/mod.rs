@@ -16,29 +16,18 @@
 //! saying how to create them, unless the file's `skip` holds "compile". They only write under `<root>/build-dev/`.
 
 use std::collections::BTreeMap;
-
 use std::fs;
-
 use std::io::Read;
-
 use std::os::unix::fs::MetadataExt;
-
 use std::path::{Path, PathBuf};
-
 use std::process::Command;
-
 use std::sync::Mutex;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::support::tools;
-
-use gpu_driver_installer::node::CpuArch;
-
-use serde_json::Value;
-
 use crate::support::host as host_support;
-
+use crate::support::tools;
+use gpu_driver_installer::node::CpuArch;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 mod signing;
@@ -51,7 +40,6 @@ fn bin() -> Command {
 }
 
 use crate::support::run as run_support;
-
 use run_support::{Run, finish};
 
 mod preflight;

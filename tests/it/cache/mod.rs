@@ -15,25 +15,17 @@
 use crate::support::tools;
 
 use std::fs;
-
 use std::net::{SocketAddr, TcpListener, TcpStream};
-
 use std::path::{Path, PathBuf};
-
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
-
 use sha2::{Digest, Sha256};
 
 const REL: &str = "6.1.0-50-cloud-amd64";
-
 const DRIVER: &str = "535.261.03";
-
 const KEY_ID: &str = "gpu-driver-test";
-
 const SECRET: &str = "gpu-driver-test-secret-key";
-
 const BUCKET: &str = "nodes";
 
 fn bin() -> Command {
@@ -57,7 +49,6 @@ fn sha256(bytes: &[u8]) -> String {
 }
 
 use crate::support::run as run_support;
-
 use run_support::{Run, finish};
 
 mod file_store;

@@ -10,23 +10,15 @@
 //! CI=true without helm or the cluster binaries.
 
 use std::collections::{BTreeMap, BTreeSet};
-
 use std::path::{Path, PathBuf};
-
 use std::process::{Command, Output, Stdio};
-
 use std::sync::OnceLock;
 
 use crate::support::cluster::Cluster;
-
 use k8s_openapi::api::apps::v1::Deployment;
-
 use k8s_openapi::api::core::v1::{ConfigMap, PodSpec};
-
 use serde::Deserialize;
-
 use serde_json::Value as Json;
-
 use serde_yaml::Value;
 
 mod dashboard;
@@ -34,7 +26,6 @@ mod install;
 mod render;
 
 const NS: &str = "gpu-driver";
-
 const CHART: &str = "charts/gpu-driver";
 
 fn repo() -> PathBuf {

@@ -369,7 +369,7 @@ fn the_compatibility_table_is_the_catalogs() {
             fs::write(&path, new).unwrap();
         } else {
             panic!(
-                "docs/compatibility.md's defaults table is out of date; regenerate with `UPDATE_DOCS=1 cargo test --test it cli::the_compatibility_table`:\n{table}"
+                "docs/compatibility.md's defaults table is out of date; regenerate with `UPDATE_DOCS=1 cargo test -p gpu-driver-tests --test it cli::catalog::the_compatibility_table`:\n{table}"
             );
         }
     }

@@ -138,7 +138,7 @@ fn committed_schema_matches_the_types() {
     let committed = fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == generated,
-        "{} is out of date; regenerate with `UPDATE_SCHEMA=1 cargo test --test it cli::committed_schema` \
+        "{} is out of date; regenerate with `UPDATE_SCHEMA=1 cargo test -p gpu-driver-tests --test it cli::io::committed_schema` \
          or `gpu-driver-installer schema > schema/results.v1alpha1.json`",
         path.display()
     );

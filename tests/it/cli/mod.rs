@@ -2,9 +2,7 @@
 //! checks documents, reasons and exit codes.
 
 use std::fs;
-
 use std::path::{Path, PathBuf};
-
 use std::process::{Command, Output};
 
 use serde_json::Value;

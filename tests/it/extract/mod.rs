@@ -9,17 +9,12 @@
 //! missing one fails the test that needs it, saying so.
 
 use std::fs;
-
 use std::io::Write;
-
 use std::os::unix::fs::PermissionsExt;
-
 use std::path::{Path, PathBuf};
-
 use std::process::{Command, Stdio};
 
 use gpu_driver_installer::Reason;
-
 use gpu_driver_installer::extract::{
     Checksum, Compression, Limits, PackageKind, extract_package, extract_package_with,
     module_source_dir,

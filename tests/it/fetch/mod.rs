@@ -3,13 +3,10 @@
 use crate::support::fabric as fabric_support;
 
 use std::fs;
-
 use std::path::Path;
-
 use std::process::Command;
 
 use crate::support::http::{ConnectProxy, Reply, Request, Server, bytes, sha256_hex};
-
 use serde_json::Value;
 
 mod plan;

@@ -12,36 +12,24 @@
 //! The kbuild test compiles a module and needs `gcc` and `make`.
 
 use std::collections::HashMap;
-
 use std::fs;
-
 use std::io::Write;
-
 use std::path::{Path, PathBuf};
-
 use std::process::Command;
-
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use crate::support::aptsign::{self, TEST_FP, UNKNOWN_FP};
-
 use crate::support::http::{Reply, Server, sha256_hex};
-
 use gpu_driver_installer::Reason;
-
 use gpu_driver_installer::apt::{self, AptSource};
-
 use gpu_driver_installer::fetch::{FetchPolicy, FetchRequest, RetryPolicy, Timeouts};
-
 use gpu_driver_installer::headers::{HeadersTree, fetch_headers, fetch_headers_from};
 
 mod packages;
 mod signatures;
 
 const SUITE: &str = "bookworm";
-
 const INDEX_DIR: &str = "dists/bookworm/main/binary-amd64";
 
 fn test_data() -> PathBuf {

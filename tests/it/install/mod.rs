@@ -4,21 +4,14 @@
 //! loads themselves are tested in a VM (`scripts/vm-test`, `tests/it/vm.rs`).
 
 use std::fs;
-
 use std::os::unix::fs::PermissionsExt;
-
 use std::path::{Path, PathBuf};
-
 use std::process::Command;
 
-use serde_json::Value;
-
 use crate::support::elf::tiny_module;
-
 use crate::support::fabric as fabric_support;
-
 use crate::support::host as host_support;
-
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 mod fabric;

@@ -26,7 +26,6 @@ mod nodes;
 mod upgrade;
 
 const WAIT: Duration = Duration::from_secs(120);
-
 const NS: &str = "gpu-driver";
 
 fn gpudriver(name: &str, pool: &str, pod_annotations: Value) -> String {

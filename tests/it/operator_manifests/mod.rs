@@ -4,24 +4,18 @@
 //! apiserver accept them).
 
 use std::collections::{BTreeMap, BTreeSet};
-
 use std::path::{Path, PathBuf};
-
 use std::process::Command;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-
-use k8s_openapi::api::core::v1::ServiceAccount;
-
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-
-use serde::Deserialize;
-
 use crate::support::deploy::yaml_files;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use serde::Deserialize;
 
 mod admission;
 mod images;
