@@ -4,10 +4,21 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Catalog, OPEN_BY_DEFAULT_FROM, OsEntry, OsRelease, branch_of, evidence_ok};
+use super::model::{Catalog, OsEntry, OsRelease};
+use super::versions::{OPEN_BY_DEFAULT_FROM, branch_of};
 use crate::error::Result;
 use crate::node::{CpuArch, KernelVersion, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
+
+/// Evidence must say how a fact is known.
+fn evidence_ok(evidence: &str) -> bool {
+    ["measured:", "cited:"].iter().any(|p| {
+        evidence
+            .trim()
+            .strip_prefix(p)
+            .is_some_and(|rest| !rest.trim().is_empty())
+    })
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

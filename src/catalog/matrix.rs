@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{Catalog, Exclusion};
+use super::model::{Catalog, Exclusion};
 use crate::error::{Error, Failure, Result};
 use crate::node::{KernelVersion, ModuleFlavor};
 

@@ -3,9 +3,23 @@
 //! (a default that an exclusion forbids) are `catalog-check`'s
 //! ([`super::check`]).
 
-use super::{Catalog, branch_of, parse_range};
+use super::model::Catalog;
+use super::versions::branch_of;
 use crate::error::{Error, Failure, Result};
 use crate::node::{KernelVersion, is_driver_version};
+
+/// 2: releases per branch, digests per CPU architecture, `{arch}` in URL
+/// templates, exclusions bounded by driver version and citing evidence.
+const SCHEMA_VERSION: u32 = 2;
+
+fn parse_range(s: &str) -> Option<(u16, u16)> {
+    let hex = |p: &str| u16::from_str_radix(p.trim().trim_start_matches("0x"), 16).ok();
+    let (lo, hi) = match s.split_once('-') {
+        Some((a, b)) => (hex(a)?, hex(b)?),
+        None => (hex(s)?, hex(s)?),
+    };
+    (lo <= hi).then_some((lo, hi))
+}
 
 fn bad(m: String) -> Error {
     Error::new(Failure::CatalogInvalid, m)
@@ -13,11 +27,10 @@ fn bad(m: String) -> Error {
 
 impl Catalog {
     pub(super) fn validate(&mut self) -> Result<()> {
-        if self.schema_version != super::SCHEMA_VERSION {
+        if self.schema_version != SCHEMA_VERSION {
             return Err(bad(format!(
                 "schemaVersion {} is not supported (this installer reads {})",
-                self.schema_version,
-                super::SCHEMA_VERSION
+                self.schema_version, SCHEMA_VERSION
             )));
         }
         self.validate_drivers()?;
