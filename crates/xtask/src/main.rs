@@ -45,6 +45,9 @@ enum Command {
     Tool {
         #[arg(value_enum)]
         name: ToolName,
+        /// Only a finished build of the k8s binaries; never compile them.
+        #[arg(long)]
+        cached: bool,
     },
     /// The statically linked release binary; prints its path.
     StaticBuild {
@@ -117,10 +120,10 @@ fn dispatch(cli: Cli) -> Result<()> {
             eprintln!("all stages passed");
             Ok(())
         }
-        Command::Tool { name } => {
+        Command::Tool { name, cached } => {
             let cache = cache::Cache::resolve()?;
             let p = match name {
-                ToolName::K8s => tools::k8s(&repo, &cache)?,
+                ToolName::K8s => tools::k8s(&repo, &cache, cached)?,
                 ToolName::Helm => tools::helm(&cache)?,
                 ToolName::OmParser => tools::om_parser(&repo, &cache)?,
                 ToolName::DevicePlugin => tools::device_plugin(&repo, &cache)?,

@@ -147,10 +147,9 @@ impl Run {
             .map(PathBuf::from)
         })?);
         if !skip_cluster {
-            self.tools.k8s_bin = Some(
-                self.stages
-                    .run("kubernetes control plane", || tools::k8s(&repo, cache))?,
-            );
+            self.tools.k8s_bin = Some(self.stages.run("kubernetes control plane", || {
+                tools::k8s(&repo, cache, false)
+            })?);
         }
         if !skip_helm {
             self.tools.helm = Some(self.stages.run("helm", || tools::helm(cache))?);

@@ -59,8 +59,9 @@ fn go_inputs(dir: &Path) -> Result<Vec<String>> {
 
 /// etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
 /// the VM node's kubelet (tools/k8s/kubernetes) and KWOK: the directory
-/// holding them.
-pub fn k8s(repo: &Path, cache: &Cache) -> Result<PathBuf> {
+/// holding them. `cached_only` answers from a finished build or fails,
+/// never compiling (20 minutes and more on 2 cores).
+pub fn k8s(repo: &Path, cache: &Cache, cached_only: bool) -> Result<PathBuf> {
     let tools = repo.join("tools/k8s");
     let go = Go::find(cache)?;
     let key = KeyInputs::default()
@@ -73,6 +74,9 @@ pub fn k8s(repo: &Path, cache: &Cache) -> Result<PathBuf> {
     if entry.is_complete() && complete(entry.path()) {
         eprintln!("k8s binaries cached (key {key})");
         return Ok(entry.path().to_path_buf());
+    }
+    if cached_only {
+        bail!("no finished k8s build for key {key}: run `cargo xtask tool k8s`");
     }
     let go_mod = std::fs::read_to_string(tools.join("kubernetes/go.mod"))?;
     let kver = required_version(&go_mod, "k8s.io/kubernetes")

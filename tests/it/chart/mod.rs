@@ -1,4 +1,4 @@
-//! The Helm chart (charts/gpu-driver) with a real helm (scripts/helm, or
+//! The Helm chart (charts/gpu-driver) with a real helm (`cargo xtask tool helm`, or
 //! the tools file's `helm`): it lints, renders with default values and with every
 //! optional part on, renders the same CRD, RBAC, admission policy, operator
 //! and exporter as the kustomization under deploy/ (parsed objects compared,
@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use crate::support::cluster::Cluster;
@@ -38,11 +38,11 @@ fn read(p: &str) -> String {
 
 const HOW_TO_GET_HELM: &str = "\
 chart tests need a real helm: run `cargo xtask test` (or `scripts/test`), which writes \
-GPU_DRIVER_TOOLS with `helm` (scripts/helm builds helm from the Go module proxy once, ~5 min \
-cold on 2 cores, cached under ~/.cache/gpu-driver/helm). To skip these tests on purpose \
+GPU_DRIVER_TOOLS with `helm` (`cargo xtask tool helm` builds helm from the Go module proxy \
+once and caches it). To skip these tests on purpose \
 outside CI, put \"helm\" in the tools file's `skip`.";
 
-/// The helm binary: the tools file's `helm`, else what scripts/helm prints last
+/// The helm binary: the tools file's `helm`, else what `cargo xtask tool helm` prints
 /// (cached, or built now). `None` only when skipping was asked for outside
 /// CI; panics otherwise.
 fn helm_bin() -> Option<&'static Path> {
@@ -61,21 +61,9 @@ fn helm_bin() -> Option<&'static Path> {
             eprintln!("skipped: the tools file's skip holds \"helm\" and it names no helm");
             return None;
         }
-        let out = Command::new(repo().join("scripts/helm"))
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("running scripts/helm: {e}. {HOW_TO_GET_HELM}"));
-        let path = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string();
-        assert!(
-            out.status.success() && Path::new(&path).is_file(),
-            "scripts/helm failed ({}). {HOW_TO_GET_HELM}",
-            out.status
-        );
-        Some(PathBuf::from(path))
+        let path = crate::support::tools::xtask_tool("helm", &[])
+            .unwrap_or_else(|e| panic!("{e}. {HOW_TO_GET_HELM}"));
+        Some(path)
     })
     .as_deref()
 }

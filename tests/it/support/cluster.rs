@@ -6,7 +6,7 @@
 //! a panicking or killed test leaves nothing running; that is what makes
 //! [`Cluster::shared`] (never dropped) safe.
 //!
-//! Binaries: the tools file's `k8sBin` (from `scripts/k8s-bins`), else the
+//! Binaries: the tools file's `k8sBin` (from `cargo xtask tool k8s`), else the
 //! cached build of the current wrapper modules if there is one. Without
 //! either the tests fail; a developer may skip them with "cluster" in the
 //! file's `skip`, except under `CI=true`.
@@ -96,7 +96,7 @@ fn repo() -> PathBuf {
 
 const HOW_TO_GET_BINS: &str = "\
 cluster tests need a real control plane: run `cargo xtask test` (or `scripts/test`), which \
-writes GPU_DRIVER_TOOLS with `k8sBin` (scripts/k8s-bins builds etcd, kube-apiserver, \
+writes GPU_DRIVER_TOOLS with `k8sBin` (`cargo xtask tool k8s` builds etcd, kube-apiserver, \
 kube-controller-manager, kube-scheduler, kubectl and kwok from the Go module proxy once, \
 ~30 min cold on 2 cores; see docs/local-cluster.md). To skip these tests on purpose outside \
 CI, put \"cluster\" in the tools file's `skip`.";
@@ -137,24 +137,11 @@ pub fn bin_dir() -> Option<PathBuf> {
     panic!("{HOW_TO_GET_BINS}");
 }
 
-/// `~/.cache/gpu-driver/k8s/<key>` when scripts/k8s-bins has finished it.
+/// The cached k8s binaries of the current wrapper modules, when a build of
+/// them has finished (never compiled here: that takes 20 minutes and more).
 fn cached_bin_dir() -> Option<PathBuf> {
-    let out = Command::new(repo().join("scripts/k8s-bins"))
-        .arg("--print-key")
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    let key = String::from_utf8(out.stdout).ok()?;
-    let key = key.trim();
-    if !out.status.success() || key.is_empty() {
-        return None;
-    }
-    let cache = match std::env::var_os("GPU_DRIVER_CACHE") {
-        Some(c) => PathBuf::from(c),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/gpu-driver"),
-    };
-    let d = cache.join("k8s").join(key);
-    (d.join(".complete").is_file() && has_binaries(&d)).then_some(d)
+    let d = super::tools::xtask_tool("k8s", &["--cached"]).ok()?;
+    has_binaries(&d).then_some(d)
 }
 
 /// A base port N with N..N+5 all free on loopback now, below Linux's
@@ -240,7 +227,8 @@ impl Cluster {
             })
             .arg("--watch-pid")
             .arg(std::process::id().to_string())
-            .env("GPU_DRIVER_K8S_BIN", bin)
+            .arg("--k8s-bin")
+            .arg(bin)
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("running scripts/local-cluster: {e}"))?;

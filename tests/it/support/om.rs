@@ -1,5 +1,5 @@
 //! Prometheus's own OpenMetrics parser (tools/om-parser, built by
-//! scripts/om-parser): what a Prometheus server scraping our /metrics
+//! `cargo xtask tool om-parser`): what a Prometheus server scraping our /metrics
 //! accepts is decided by its code, not by the tests' reading of the spec.
 
 use std::io::Write;
@@ -7,31 +7,15 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-/// The tools file's `omParser`, else what scripts/om-parser prints (cached,
-/// or built now from the Go module proxy).
+/// The tools file's `omParser`, else what `cargo xtask tool om-parser`
+/// prints (cached, or built now from the Go module proxy).
 fn parser() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         if let Some(p) = super::tools::tools().om_parser() {
             return p;
         }
-        let root = super::repo_root();
-        let out = Command::new(root.join("scripts/om-parser"))
-            .current_dir(root)
-            .output()
-            .expect("running scripts/om-parser");
-        assert!(
-            out.status.success(),
-            "scripts/om-parser failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        PathBuf::from(
-            stdout
-                .lines()
-                .last()
-                .expect("scripts/om-parser printed a path"),
-        )
+        super::tools::xtask_tool("om-parser", &[]).unwrap_or_else(|e| panic!("{e}"))
     })
     .clone()
 }

@@ -172,3 +172,21 @@ pub fn require_tool(tool: &str, needs: &str) {
         .unwrap_or(false);
     assert!(found, "`{tool}` is not installed; {needs}");
 }
+
+/// What `cargo xtask tool NAME [ARGS]` prints: a tool the runner did not
+/// name, built now (or found in the cache).
+pub fn xtask_tool(name: &str, args: &[&str]) -> Result<PathBuf, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["xtask", "tool", name])
+        .args(args)
+        .current_dir(super::repo_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo xtask tool {name}: {e}"))?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || path.is_empty() {
+        return Err(format!("cargo xtask tool {name} failed ({})", out.status));
+    }
+    Ok(PathBuf::from(path))
+}
