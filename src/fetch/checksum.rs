@@ -4,10 +4,9 @@
 
 use std::io::Read;
 
-use super::{
-    ChecksumSource, FetchPolicy, PackageRequest, agent, check_url, describe, describe_http_error,
-    file_name_of, is_sha256_hex, retryable_status,
-};
+use super::client::{agent, describe, describe_http_error, retryable_status};
+use super::policy::{FetchPolicy, check_url, is_sha256_hex};
+use super::request::{ChecksumSource, PackageRequest, file_name_of};
 use crate::error::{Error, Failure, Result};
 
 /// NVIDIA's redist archives sit under `.../redist/<component>/<platform>/`;

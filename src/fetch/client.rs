@@ -1,6 +1,6 @@
 //! The HTTP client every download uses, and how its errors read.
 
-use super::FetchPolicy;
+use super::policy::FetchPolicy;
 use crate::error::{Error, Failure, Result};
 
 /// `--ca-bundle`: a system's whole bundle is a few hundred KiB.

@@ -9,12 +9,10 @@ use std::time::Duration;
 use sha2::Digest;
 
 use super::attempt::{Deadline, Transient, fatal, too_large, transient};
-use super::client::is_certificate_error;
+use super::client::{agent, describe_http_error, is_certificate_error, retryable_status};
+use super::fetched::{Attempt, FetchError, Fetched};
+use super::policy::{FetchPolicy, FetchRequest, check_url, is_sha256_hex};
 use super::stream::{Progress, StreamBounds, open_partial, stream};
-use super::{
-    Attempt, FetchError, FetchPolicy, FetchRequest, Fetched, agent, check_url, describe_http_error,
-    is_sha256_hex, retryable_status,
-};
 use crate::error::{Error, Failure, Result};
 use crate::report::Reason;
 

@@ -4,10 +4,11 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Attempt, ChecksumSource, FetchError, FetchPolicy, FetchRequest, Fetched, check_url, fetch,
-    find_checksum,
-};
+use super::checksum::find_checksum;
+use super::download::fetch;
+use super::fetched::{Attempt, FetchError, Fetched};
+use super::policy::{FetchPolicy, FetchRequest, check_url};
+use super::request::{ChecksumSource, PackageRequest, file_name_of};
 use crate::error::{Error, Failure, Result, Success};
 use crate::report::{Kind, Outcome, Reason};
 use crate::step::{self, Done, StepResult, StepStatus, Stopped};
@@ -59,24 +60,6 @@ impl crate::report::StatusOutcome for FetchStatus {
     fn bytes_downloaded(&self) -> u64 {
         self.attempts.iter().map(|a| a.bytes).sum()
     }
-}
-
-/// What to fetch: a URL, its file name, and whatever checksum is known.
-#[derive(Debug, Clone)]
-pub(crate) struct PackageRequest {
-    pub url: String,
-    pub sha256: Option<(String, ChecksumSource)>,
-    /// Mirror prefixes or templates (`{file}`, `{version}`).
-    pub mirrors: Vec<String>,
-    pub version: Option<String>,
-    /// Explicit redistrib manifest URL.
-    pub manifest: Option<String>,
-}
-
-/// The file name at the end of a URL.
-pub(crate) fn file_name_of(url: &str) -> String {
-    let path = url.split(['?', '#']).next().unwrap_or(url);
-    path.rsplit('/').next().unwrap_or(path).to_string()
 }
 
 /// The package URL, then each mirror's URL for the file, in order.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::attempt::{Deadline, Transient, fatal, too_large, transient};
-use super::describe;
+use super::client::describe;
 use crate::error::{Error, Failure, Result};
 
 /// Read and hash in chunks of this size: large enough that syscalls do not
