@@ -7,9 +7,11 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Instant;
 
+use super::options::BuildOptions;
 use super::preflight::{Preflight, Target};
+use super::result::{BuildStatus, seconds};
 use super::source::Source;
-use super::{BuildOptions, BuildStatus, LOCAL_IO, seconds};
+use super::work::LOCAL_IO;
 use crate::error::{Error, Failure, Result};
 use crate::headers::KernelHeaders;
 use crate::node::ModuleFlavor;

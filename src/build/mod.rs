@@ -11,8 +11,9 @@
 //!    `.tar.zst`, written under a temporary name and renamed.
 //!
 //! Each step has its own submodule (`preflight`, `source`, `compile`,
-//! `package`); the result document is `result`'s, the cache lookup and the
-//! order of the steps are here.
+//! `package`); the options are `options`', the work directory `work`'s, the
+//! result document is `result`'s; the cache lookup and the order of the
+//! steps are here.
 //!
 //! External programs are run with [`Command`](std::process::Command) and
 //! argument vectors, never through a shell; running them and parsing their
@@ -20,20 +21,19 @@
 //! captured outputs.
 
 mod compile;
+mod options;
 mod package;
 mod parallelism;
 mod preflight;
 mod result;
 mod source;
+mod work;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use crate::artifact;
 use crate::error::{Error, Failure, Result, Success};
-use crate::host_root::HostRoot;
-use crate::node::{CpuArch, ModuleFlavor};
 use crate::step::{self, Done, StepResult, StepStatus, Stopped};
 
 pub use compile::{EXCERPT_LINES, classify_log, make_args};
@@ -50,72 +50,20 @@ pub use result::{
 };
 pub use source::{driver_version_of, find_firmware, parse_nv_version_string, parse_version_mk};
 
+pub use options::BuildOptions;
+
 use compile::compile;
 use package::package;
 use preflight::{Preflight, preflight};
+use result::seconds;
 use source::extract_source;
+use work::{LOCAL_IO, claim_work_dir};
 
 /// Free space the work directory needs. A compile of the open 535/550 trees
 /// peaks at about 950 MB (unstripped `nvidia.ko` alone is 184 MB, plus the
 /// objects and the extracted sources); twice that leaves room for larger
 /// future branches and for the packaging step.
 const MIN_FREE_DISK_BYTES: u64 = 2 << 30;
-
-/// What `build` is asked to do.
-#[derive(Debug, Clone)]
-pub struct BuildOptions {
-    pub source: PathBuf,
-    pub kernel_release: String,
-    /// `--headers`: the release's headers directory in our own filesystem.
-    pub headers: Option<PathBuf>,
-    /// Where installed headers are looked up when `headers` is not given.
-    pub root: HostRoot,
-    pub flavor: ModuleFlavor,
-    pub out_dir: PathBuf,
-    /// Default: `<out>/work-<flavor>-<release>`.
-    pub work_dir: Option<PathBuf>,
-    /// Keep the extracted and compiled tree (for debugging); the log is
-    /// always kept.
-    pub keep_work: bool,
-    pub jobs: usize,
-    pub driver_version: Option<String>,
-    /// `--arch`: the architecture to build for; `None` takes the headers'.
-    pub arch: Option<CpuArch>,
-    /// The artifact cache (`--cache-url`), already checked.
-    pub cache: Option<crate::cache::CacheConfig>,
-    /// `run --no-compile`: only the cache may supply the artifact; a build
-    /// it does not supply fails (`ArtifactNotCached`) instead of compiling.
-    pub no_compile: bool,
-    /// [`look_up_first`]: the source is not fetched yet; stop after the
-    /// cache lookup.
-    pub lookup_only: bool,
-    /// `--signing-key/--signing-cert`: sign every module.
-    pub signing: Option<crate::signing::SigningFiles>,
-}
-
-impl BuildOptions {
-    pub(crate) fn work_dir(&self) -> PathBuf {
-        self.work_dir.clone().unwrap_or_else(|| {
-            self.out_dir
-                .join(format!("work-{}-{}", self.flavor, self.kernel_release))
-        })
-    }
-
-    pub fn spec(&self) -> BuildSpec {
-        BuildSpec {
-            source: self.source.display().to_string(),
-            kernel_release: self.kernel_release.clone(),
-            headers: self.headers.as_ref().map(|p| p.display().to_string()),
-            flavor: self.flavor,
-            out_dir: self.out_dir.display().to_string(),
-            work_dir: self.work_dir().display().to_string(),
-            jobs: self.jobs,
-            driver_version: self.driver_version.clone(),
-            arch: self.arch,
-            host_root: self.root.path().display().to_string(),
-        }
-    }
-}
 
 /// A build that could not start (bad arguments, unreadable kernel release).
 pub(crate) fn build_failed(spec: BuildSpec, error: Error) -> BuildResult {
@@ -206,11 +154,6 @@ fn build_status(opts: &BuildOptions) -> StepResult<BuildStatus> {
     });
     result
 }
-
-/// Failures of our own filesystem (work and output directories): not the
-/// package's, the headers' or the compiler's fault, so the closed list has
-/// nothing closer than Internal.
-const LOCAL_IO: Failure = Failure::Internal;
 
 fn run(
     opts: &BuildOptions,
@@ -332,7 +275,7 @@ fn restore_pinned(
     let target = crate::cache::CacheKey::new(arch, release, driver_version, opts.flavor, "");
     fs::create_dir_all(&opts.out_dir)
         .map_err(|e| Error::io(LOCAL_IO, "creating", &opts.out_dir, e))?;
-    let artifact = artifact_path(opts, driver_version);
+    let artifact = opts.artifact_path(driver_version);
     let Some(entry) = session.lookup_entry(&dir, target, &artifact) else {
         return Ok(None);
     };
@@ -365,7 +308,7 @@ fn restore_from_cache(
         &pre.compiler.version,
     )
     .signed_by(pre.signing.as_ref().map(|s| &s.signer));
-    let artifact = artifact_path(opts, driver_version);
+    let artifact = opts.artifact_path(driver_version);
     let entry = session.lookup(key, &artifact)?;
     Some(restored(
         session,
@@ -374,16 +317,6 @@ fn restore_from_cache(
         &entry,
         &artifact,
         status,
-    ))
-}
-
-/// Where a build of `driver_version` puts its artifact (and a cache hit
-/// restores it).
-pub(super) fn artifact_path(opts: &BuildOptions, driver_version: &str) -> PathBuf {
-    opts.out_dir.join(artifact::file_name(
-        driver_version,
-        opts.flavor,
-        &opts.kernel_release,
     ))
 }
 
@@ -429,56 +362,6 @@ fn restored(
         entry.stored_at,
         artifact.display()
     )
-}
-
-/// Removes the extracted tree and staging area when the build ends, however
-/// it ends: they take up to a GiB. The log stays.
-struct Cleanup {
-    dirs: Vec<PathBuf>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for d in &self.dirs {
-            if let Err(e) = fs::remove_dir_all(d) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!("removing {}: {e}", d.display());
-                }
-            }
-        }
-    }
-}
-
-/// Takes the work directory's lock (two builds with one work directory
-/// would delete each other's trees) and, holding it, removes what a killed
-/// build left there: the extractor's temporaries (`.source.partial-*`,
-/// hundreds of MB each), which nothing else would ever remove and which
-/// would make the disk check fail. The lock is held until the build ends.
-fn claim_work_dir(work: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
-    fs::create_dir_all(work).map_err(|e| Error::io(LOCAL_IO, "creating", work, e))?;
-    let lock = crate::lock::lock(&work.join(".lock"), LOCAL_IO)?;
-    let entries = fs::read_dir(work).map_err(|e| Error::io(LOCAL_IO, "listing", work, e))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if crate::extract::is_partial_name(&name.to_string_lossy()) {
-            let path = entry.path();
-            tracing::info!("removing {} (left by a killed build)", path.display());
-            remove_dir_if_present(&path)?;
-        }
-    }
-    Ok(lock)
-}
-
-fn remove_dir_if_present(dir: &Path) -> Result<()> {
-    match fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(LOCAL_IO, "removing the earlier run's", dir, e)),
-    }
-}
-
-fn seconds(d: Duration) -> f64 {
-    (d.as_secs_f64() * 10.0).round() / 10.0
 }
 
 /// The release ends up in file names and make arguments: refuse anything

@@ -5,9 +5,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
+use super::options::BuildOptions;
 use super::preflight::Preflight;
+use super::result::{BuildStatus, BuiltModule, seconds};
 use super::source::Source;
-use super::{BuildOptions, BuildStatus, BuiltModule, LOCAL_IO, artifact_path, seconds};
+use super::work::LOCAL_IO;
 use crate::artifact::{
     self, MANIFEST_VERSION, Manifest, ManifestFile, ManifestLink, ManifestModule, ManifestUserFile,
     PackFile,
@@ -72,7 +74,7 @@ pub(super) fn package(
         .collect();
     files.extend(add_firmware(&mut manifest, &src.firmware)?);
     files.extend(add_user_space(&mut manifest, src.user_space.as_ref())?);
-    let artifact = artifact_path(opts, &src.driver_version);
+    let artifact = opts.artifact_path(&src.driver_version);
     let sha256 = artifact::pack(&artifact, &manifest, &files)?;
     status.timings.package_seconds = Some(seconds(t.elapsed()));
     status.firmware = manifest.firmware.iter().map(|f| f.file.clone()).collect();

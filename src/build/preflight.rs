@@ -6,7 +6,9 @@ use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{BuildOptions, BuildStatus, CompilerUsed, HeadersUsed, LOCAL_IO};
+use super::options::BuildOptions;
+use super::result::{BuildStatus, CompilerUsed, HeadersUsed};
+use super::work::LOCAL_IO;
 use crate::error::{Error, Failure, Result};
 use crate::headers::{KernelHeaders, inspect_headers, locate_headers};
 use crate::node::CpuArch;

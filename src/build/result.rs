@@ -1,11 +1,18 @@
 //! The `build` step's result document.
 
+use std::time::Duration;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::node::{CpuArch, ModuleFlavor};
 use crate::report::{Document, Kind, Outcome, Reason, StatusOutcome};
 use crate::step::StepStatus;
+
+/// Seconds rounded to a tenth, for [`Timings`].
+pub(super) fn seconds(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

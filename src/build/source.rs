@@ -5,7 +5,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::{BuildOptions, BuildStatus, Cleanup, LOCAL_IO, remove_dir_if_present, seconds};
+use super::options::BuildOptions;
+use super::result::{BuildStatus, seconds};
+use super::work::{Cleanup, LOCAL_IO, remove_dir_if_present};
 use crate::error::{Error, Failure, Result};
 use crate::node::CpuArch;
 
