@@ -2,8 +2,8 @@
 //! under QEMU with the static installer in an initramfs (`tests/vm-init.sh`
 //! is its /init) and hands the serial console log to this test as the
 //! tools file's `vmLog` (support/tools.rs). Ignored in a plain `cargo test`:
-//! it needs the VM. The Secure Boot VM's log and signers still come in
-//! `GPU_DRIVER_SB_*` variables. The console's parser and the x86_64 VM's
+//! it needs the VM. The Secure Boot VM's log and signers come the same way
+//! (`sbLog`, `sbMok`, `sbOther`). The console's parser and the x86_64 VM's
 //! checks are `xtask::vmlog`'s, which `cargo xtask e2e` runs too.
 
 use crate::support::tools;
@@ -75,15 +75,21 @@ fn vm_arm64_results() {
 /// chain under OVMF with Secure Boot on, the test MOK enrolled, and the
 /// installer installing what its own build signed (`tests/vm-init-secureboot.sh`).
 #[test]
-#[ignore = "run by scripts/vm-test-secureboot, which boots the VM and sets GPU_DRIVER_SB_LOG"]
+#[ignore = "run by scripts/vm-test-secureboot, which boots the VM and names its console as sbLog"]
 fn vm_secure_boot_results() {
-    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
-    let path = var("GPU_DRIVER_SB_LOG");
+    let tools = crate::support::tools::tools();
+    let path = tools
+        .sb_log()
+        .unwrap_or_else(|| crate::support::tools::missing("sbLog", "the Secure Boot VM's console"));
     let log = std::fs::read_to_string(&path).expect("reading the console log");
-    let signer = |k: &str| -> Value {
-        serde_json::from_str(&std::fs::read_to_string(var(k)).unwrap()).unwrap()
+    let signer = |p: Option<std::path::PathBuf>, field: &str| -> Value {
+        let p = p.unwrap_or_else(|| crate::support::tools::missing(field, "a signer document"));
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
     };
-    let (mok, other) = (signer("GPU_DRIVER_SB_MOK"), signer("GPU_DRIVER_SB_OTHER"));
+    let (mok, other) = (
+        signer(tools.sb_mok(), "sbMok"),
+        signer(tools.sb_other(), "sbOther"),
+    );
     let con = Console::parse(&log);
     let mut c = Checks::default();
     secure_boot_platform(&mut c, &con, &mok);
@@ -92,9 +98,11 @@ fn vm_secure_boot_results() {
     c.check("init ran to the end", con.done(), "no @@DONE@@");
     println!("{} passed, {} failed", c.passed, c.failed);
     assert_eq!(
-        c.failed, 0,
-        "{} Secure Boot VM assertion(s) failed; console: {path}",
-        c.failed
+        c.failed,
+        0,
+        "{} Secure Boot VM assertion(s) failed; console: {}",
+        c.failed,
+        path.display()
     );
 }
 

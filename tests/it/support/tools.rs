@@ -36,6 +36,9 @@ pub struct Tools {
     vm_log: Option<String>,
     vm_foreign: Option<String>,
     vm_arm64_log: Option<String>,
+    sb_log: Option<String>,
+    sb_mok: Option<String>,
+    sb_other: Option<String>,
     #[serde(default)]
     keep_failed_jobs: bool,
     #[serde(default)]
@@ -139,6 +142,18 @@ impl Tools {
     /// The arm64 VM's console log.
     pub fn vm_arm64_log(&self) -> Option<PathBuf> {
         path(&self.vm_arm64_log)
+    }
+    /// The Secure Boot VM's console log.
+    pub fn sb_log(&self) -> Option<PathBuf> {
+        path(&self.sb_log)
+    }
+    /// The signer document of the test MOK the Secure Boot VM enrolled.
+    pub fn sb_mok(&self) -> Option<PathBuf> {
+        path(&self.sb_mok)
+    }
+    /// The signer document of the key the Secure Boot VM must refuse.
+    pub fn sb_other(&self) -> Option<PathBuf> {
+        path(&self.sb_other)
     }
     /// Whether the runner asked to skip `group`, whatever `CI` says.
     pub fn skip_asked(&self, group: Group) -> bool {
