@@ -78,17 +78,7 @@ pub fn k8s(repo: &Path, cache: &Cache, cached_only: bool) -> Result<PathBuf> {
     if cached_only {
         bail!("no finished k8s build for key {key}: run `cargo xtask tool k8s`");
     }
-    let go_mod = std::fs::read_to_string(tools.join("kubernetes/go.mod"))?;
-    let kver = required_version(&go_mod, "k8s.io/kubernetes")
-        .context("no k8s.io/kubernetes version in tools/k8s/kubernetes/go.mod")?;
-    let mut parts = kver.trim_start_matches('v').split('.');
-    let (major, minor) = (parts.next().unwrap_or("1"), parts.next().unwrap_or("0"));
-    // Tools parse --version and /version: the real release, not v0.0.0-master.
-    let v = "k8s.io/component-base/version";
-    let ldflags = format!(
-        "-s -w -X {v}.gitVersion={kver} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} \
-         -X {v}.gitTreeState=clean -X {v}.buildDate=1970-01-01T00:00:00Z"
-    );
+    let (kver, ldflags) = k8s_ldflags(&tools)?;
     entry.fill(|tmp| {
         eprintln!(
             "building k8s binaries (key {key}, kubernetes {kver}) into {}",
@@ -99,54 +89,56 @@ pub fn k8s(repo: &Path, cache: &Cache, cached_only: bool) -> Result<PathBuf> {
                 .go(&tools.join(m), false, &["mod", "download"])
                 .env("GOFLAGS", "-mod=readonly"))?;
         }
-        let out = format!("{}/", tmp.display());
-        run(&mut go.go(
-            &tools.join("kubernetes"),
-            false,
-            &[
-                "build",
-                "-trimpath",
-                "-ldflags",
-                &ldflags,
-                "-o",
-                &out,
+        // The control plane and the kubelet in one `go build`, so the
+        // packages they share compile once; etcd and KWOK each from their
+        // own wrapper module.
+        let builds = [
+            (
+                "kubernetes",
+                ldflags.as_str(),
+                format!("{}/", tmp.display()),
                 "./cmd/...",
-            ],
-        ))?;
-        let etcd = tmp.join("etcd").to_string_lossy().into_owned();
-        run(&mut go.go(
-            &tools.join("etcd"),
-            false,
-            &[
-                "build",
-                "-trimpath",
-                "-ldflags",
+            ),
+            (
+                "etcd",
                 "-s -w",
-                "-o",
-                &etcd,
+                tmp.join("etcd").display().to_string(),
                 "go.etcd.io/etcd/server/v3",
-            ],
-        ))?;
-        let kwok = tmp.join("kwok").to_string_lossy().into_owned();
-        run(&mut go.go(
-            &tools.join("kwok"),
-            false,
-            &[
-                "build",
-                "-trimpath",
-                "-ldflags",
+            ),
+            (
+                "kwok",
                 "-s -w",
-                "-o",
-                &kwok,
+                tmp.join("kwok").display().to_string(),
                 "sigs.k8s.io/kwok/cmd/kwok",
-            ],
-        ))?;
+            ),
+        ];
+        for (module, flags, out, pkg) in &builds {
+            let args = ["build", "-trimpath", "-ldflags", flags, "-o", out, pkg];
+            run(&mut go.go(&tools.join(module), false, &args))?;
+        }
         run(cmd(tmp.join("kube-apiserver")).arg("--version"))?;
         if !complete(tmp) {
             bail!("the k8s build left out one of {}", K8S_BINS.join(", "));
         }
         Ok(())
     })
+}
+
+/// The Kubernetes release the wrapper module pins, and the linker flags
+/// that stamp it: tools parse --version and /version, and need the real
+/// release rather than v0.0.0-master.
+fn k8s_ldflags(tools: &Path) -> Result<(String, String)> {
+    let go_mod = std::fs::read_to_string(tools.join("kubernetes/go.mod"))?;
+    let kver = required_version(&go_mod, "k8s.io/kubernetes")
+        .context("no k8s.io/kubernetes version in tools/k8s/kubernetes/go.mod")?;
+    let mut parts = kver.trim_start_matches('v').split('.');
+    let (major, minor) = (parts.next().unwrap_or("1"), parts.next().unwrap_or("0"));
+    let v = "k8s.io/component-base/version";
+    let ldflags = format!(
+        "-s -w -X {v}.gitVersion={kver} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} \
+         -X {v}.gitTreeState=clean -X {v}.buildDate=1970-01-01T00:00:00Z"
+    );
+    Ok((kver, ldflags))
 }
 
 /// A real helm 3, built with Helm's own go.mod and go.sum and the ldflags
