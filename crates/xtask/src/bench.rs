@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{cmd, read};
-use crate::pyjson::J;
+use crate::pyjson::{J, py_round};
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -48,8 +48,9 @@ pub struct ExporterArgs {
     nvml: String,
 }
 
+// The builder root and the build that bench-cache and bench-build describe.
 #[derive(clap::Args)]
-pub struct CacheArgs {
+pub struct Target {
     #[arg(long)]
     root: PathBuf,
     #[arg(long)]
@@ -58,6 +59,12 @@ pub struct CacheArgs {
     flavor: String,
     #[arg(long)]
     kernel: String,
+}
+
+#[derive(clap::Args)]
+pub struct CacheArgs {
+    #[command(flatten)]
+    t: Target,
     #[arg(long)]
     driver: String,
     #[arg(long)]
@@ -73,14 +80,8 @@ pub struct CacheArgs {
 
 #[derive(clap::Args)]
 pub struct BuildArgs {
-    #[arg(long)]
-    root: PathBuf,
-    #[arg(long)]
-    suite: String,
-    #[arg(long)]
-    flavor: String,
-    #[arg(long)]
-    kernel: String,
+    #[command(flatten)]
+    t: Target,
     #[arg(long)]
     jobs: String,
     #[arg(long)]
@@ -142,15 +143,18 @@ fn ms_list(s: &str) -> Result<Vec<f64>> {
         .collect()
 }
 
-/// Python's `round(x, n)`.
-fn round_to(x: f64, n: usize) -> f64 {
-    format!("{x:.n$}").parse().unwrap_or(x)
+/// ` (median of N)` where more than one run was timed.
+fn median_of(runs: usize) -> String {
+    if runs > 1 {
+        format!(" (median of {runs})")
+    } else {
+        String::new()
+    }
 }
 
-fn read_json(path: &Path) -> Result<J> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    J::parse(&text).with_context(|| format!("parsing {}", path.display()))
+/// Whether a target was met, as the tables say it.
+fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "NOT met" }
 }
 
 /// The loopback port `pid` listens on, from its socket inodes and
@@ -177,21 +181,28 @@ fn listening_port(pid: u32) -> Option<u16> {
     })
 }
 
-fn exporter(a: &ExporterArgs) -> Result<()> {
-    let mut port = None;
+/// The port the exporter listens on, once it does (10 s at the most).
+fn wait_for_port(pid: u32) -> Result<u16> {
     for _ in 0..100 {
-        port = listening_port(a.pid);
-        if port.is_some() {
-            break;
+        if let Some(port) = listening_port(pid) {
+            return Ok(port);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let port = port.context("the exporter did not listen")?;
-    let render = J::parse(&a.render).context("the render benchmark's JSON")?;
-    let tick: f64 = read(cmd("getconf").arg("CLK_TCK"))?.parse()?;
-    let pid = a.pid;
-    let cpu_seconds = || -> Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    bail!("the exporter did not listen")
+}
+
+/// The exporter's process as /proc shows it.
+struct Proc {
+    pid: u32,
+    /// Clock ticks per second.
+    tick: f64,
+}
+
+impl Proc {
+    /// Its CPU time so far (utime and stime), in seconds.
+    fn cpu_seconds(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
         let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
         let f: Vec<&str> = rest.split_whitespace().collect();
         // utime and stime.
@@ -199,10 +210,12 @@ fn exporter(a: &ExporterArgs) -> Result<()> {
             f.get(11).context("utime")?.parse()?,
             f.get(12).context("stime")?.parse()?,
         );
-        Ok((u + s) / tick)
-    };
-    let status_kib = |key: &str| -> f64 {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
+        Ok((u + s) / self.tick)
+    }
+
+    /// A `key: N kB` line of /proc/PID/status; 0 if absent.
+    fn status_kib(&self, key: &str) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
             .ok()
             .and_then(|s| {
                 s.lines()
@@ -210,122 +223,153 @@ fn exporter(a: &ExporterArgs) -> Result<()> {
                     .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
             })
             .unwrap_or(0.0)
-    };
-    let scrape = || -> Result<()> {
-        let mut s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")?;
-        let mut data = Vec::new();
-        s.read_to_end(&mut data)?;
-        if !data.starts_with(b"HTTP/1.1 200") {
-            let head = &data[..data.len().min(200)];
-            bail!("bad answer: {}", String::from_utf8_lossy(head));
-        }
-        Ok(())
-    };
+    }
+}
+
+/// One `GET /metrics`; an answer other than 200 is an error.
+fn scrape(port: u16) -> Result<()> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")?;
+    let mut data = Vec::new();
+    s.read_to_end(&mut data)?;
+    if !data.starts_with(b"HTTP/1.1 200") {
+        let head = &data[..data.len().min(200)];
+        bail!("bad answer: {}", String::from_utf8_lossy(head));
+    }
+    Ok(())
+}
+
+/// What the exporter's measurement found.
+struct ExporterFigures {
+    /// Resident and peak resident memory, MiB.
+    rss: f64,
+    hwm: f64,
+    /// The render benchmark's median and p99, ms.
+    r_med: f64,
+    r_p99: f64,
+    /// End-to-end scrapes' median and p99, ms.
+    e2e_med: f64,
+    e2e_p99: f64,
+    /// CPU seconds per scrape, and idle over 15 s.
+    per_scrape: f64,
+    idle_per_15: f64,
+    /// The share of a core at one scrape per 15 s.
+    core: f64,
+}
+
+/// Five warm-up scrapes, `scrapes` timed ones, then `idle` seconds idle;
+/// the render benchmark's figures from its JSON line.
+fn measure_exporter(p: &Proc, port: u16, a: &ExporterArgs, render: &J) -> Result<ExporterFigures> {
     for _ in 0..5 {
-        scrape()?;
+        scrape(port)?;
     }
     let n = a.scrapes as usize;
-    let c0 = cpu_seconds()?;
+    let c0 = p.cpu_seconds()?;
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        scrape()?;
+        scrape(port)?;
         times.push(t.elapsed().as_secs_f64() * 1000.0);
     }
-    let per_scrape = (cpu_seconds()? - c0) / n as f64;
-    let c1 = cpu_seconds()?;
+    let per_scrape = (p.cpu_seconds()? - c0) / n as f64;
+    let c1 = p.cpu_seconds()?;
     std::thread::sleep(Duration::from_secs(a.idle));
-    let idle_per_15 = (cpu_seconds()? - c1) / a.idle as f64 * 15.0;
-    let (rss, hwm) = (status_kib("VmRSS") / 1024.0, status_kib("VmHWM") / 1024.0);
+    let idle_per_15 = (p.cpu_seconds()? - c1) / a.idle as f64 * 15.0;
     times.sort_by(f64::total_cmp);
-    let e2e_med = median(&times);
-    let e2e_p99 = times[((times.len() - 1) as f64 * 0.99).round_ties_even() as usize];
-    let core = (idle_per_15 + per_scrape) / 15.0;
     let micros = |k: &str| render.get(k).as_f64().unwrap_or(f64::NAN) / 1000.0;
-    let (r_med, r_p99) = (micros("renderMedianMicros"), micros("renderP99Micros"));
-    let rows = [
-        (
-            "resident memory (VmRSS)",
-            format!("{rss:.1} MiB"),
-            "20 MiB",
-            rss / 20.0,
-        ),
-        (
-            "peak resident memory (VmHWM)",
-            format!("{hwm:.1} MiB"),
-            "20 MiB",
-            hwm / 20.0,
-        ),
-        (
-            "render, 8 GPUs synthetic (median)",
-            format!("{r_med:.3} ms"),
-            "50 ms",
-            r_med / 50.0,
-        ),
-        (
-            "render, 8 GPUs synthetic (p99)",
-            format!("{r_p99:.3} ms"),
-            "50 ms",
-            r_p99 / 50.0,
-        ),
-        (
-            "end-to-end scrape, NVML down (median)",
-            format!("{e2e_med:.3} ms"),
-            "50 ms",
-            e2e_med / 50.0,
-        ),
-        (
-            "end-to-end scrape, NVML down (p99)",
-            format!("{e2e_p99:.3} ms"),
-            "50 ms",
-            e2e_p99 / 50.0,
-        ),
-        (
-            "CPU at one scrape per 15 s",
-            format!("{:.4} % of a core", core * 100.0),
-            "1 %",
-            core / 0.01,
-        ),
-    ];
+    Ok(ExporterFigures {
+        rss: p.status_kib("VmRSS") / 1024.0,
+        hwm: p.status_kib("VmHWM") / 1024.0,
+        r_med: micros("renderMedianMicros"),
+        r_p99: micros("renderP99Micros"),
+        e2e_med: median(&times),
+        e2e_p99: times[((times.len() - 1) as f64 * 0.99).round_ties_even() as usize],
+        per_scrape,
+        idle_per_15,
+        core: (idle_per_15 + per_scrape) / 15.0,
+    })
+}
+
+fn exporter(a: &ExporterArgs) -> Result<()> {
+    let port = wait_for_port(a.pid)?;
+    let render = J::parse(&a.render).context("the render benchmark's JSON")?;
+    let tick: f64 = read(cmd("getconf").arg("CLK_TCK"))?.parse()?;
+    let p = Proc { pid: a.pid, tick };
+    let fig = measure_exporter(&p, port, a, &render)?;
+    exporter_table(a, &fig, &render);
+    println!("{}", exporter_json(a, &fig).dump_line(false));
+    Ok(())
+}
+
+/// The table's rows: measure, measured, target, measured / target.
+fn exporter_rows(f: &ExporterFigures) -> [(&'static str, String, &'static str, f64); 7] {
+    let mib = |name, v: f64| (name, format!("{v:.1} MiB"), "20 MiB", v / 20.0);
+    let ms = |name, v: f64| (name, format!("{v:.3} ms"), "50 ms", v / 50.0);
+    let core = format!("{:.4} % of a core", f.core * 100.0);
+    [
+        mib("resident memory (VmRSS)", f.rss),
+        mib("peak resident memory (VmHWM)", f.hwm),
+        ms("render, 8 GPUs synthetic (median)", f.r_med),
+        ms("render, 8 GPUs synthetic (p99)", f.r_p99),
+        ms("end-to-end scrape, NVML down (median)", f.e2e_med),
+        ms("end-to-end scrape, NVML down (p99)", f.e2e_p99),
+        ("CPU at one scrape per 15 s", core, "1 %", f.core / 0.01),
+    ]
+}
+
+/// The table on stderr.
+fn exporter_table(a: &ExporterArgs, f: &ExporterFigures, render: &J) {
     eprintln!(
-        "gpu-driver-exporter ({} build, NVML: {}, {n} scrapes, {} s idle)",
-        a.profile, a.nvml, a.idle
+        "gpu-driver-exporter ({} build, NVML: {}, {} scrapes, {} s idle)",
+        a.profile, a.nvml, a.scrapes, a.idle
     );
     eprintln!(
         "{:<40} {:>22} {:>8} {:>8}",
         "measure", "measured", "target", "ratio"
     );
-    for (name, got, target, ratio) in rows {
+    for (name, got, target, ratio) in exporter_rows(f) {
         eprintln!("{name:<40} {got:>22} {target:>8} {ratio:8.3}");
     }
     eprintln!(
         "render body for 8 GPUs: {} bytes; CPU per scrape {:.3} ms, idle CPU per 15 s {:.3} ms",
         render.get("bytes").py_str(),
-        per_scrape * 1000.0,
-        idle_per_15 * 1000.0
+        f.per_scrape * 1000.0,
+        f.idle_per_15 * 1000.0
     );
-    let f = |x: f64, n: usize| J::Float(round_to(x, n));
-    let out = J::Obj(vec![
-        ("rssMiB".into(), f(rss, 2)),
-        ("hwmMiB".into(), f(hwm, 2)),
-        ("render8GpusMedianMs".into(), f(r_med, 4)),
-        ("render8GpusP99Ms".into(), f(r_p99, 4)),
-        ("e2eNvmlDownMedianMs".into(), f(e2e_med, 4)),
-        ("e2eNvmlDownP99Ms".into(), f(e2e_p99, 4)),
-        ("cpuCoreFraction".into(), f(core, 6)),
-        ("cpuSecondsPerScrape".into(), f(per_scrape, 6)),
-        ("idleCpuSecondsPer15s".into(), f(idle_per_15, 6)),
+}
+
+/// The JSON line on stdout.
+fn exporter_json(a: &ExporterArgs, f: &ExporterFigures) -> J {
+    let r = |x: f64, n: usize| J::Float(py_round(x, n));
+    J::Obj(vec![
+        ("rssMiB".into(), r(f.rss, 2)),
+        ("hwmMiB".into(), r(f.hwm, 2)),
+        ("render8GpusMedianMs".into(), r(f.r_med, 4)),
+        ("render8GpusP99Ms".into(), r(f.r_p99, 4)),
+        ("e2eNvmlDownMedianMs".into(), r(f.e2e_med, 4)),
+        ("e2eNvmlDownP99Ms".into(), r(f.e2e_p99, 4)),
+        ("cpuCoreFraction".into(), r(f.core, 6)),
+        ("cpuSecondsPerScrape".into(), r(f.per_scrape, 6)),
+        ("idleCpuSecondsPer15s".into(), r(f.idle_per_15, 6)),
         ("profile".into(), J::str(a.profile.clone())),
         ("nvml".into(), J::str(a.nvml.clone())),
-    ]);
-    println!("{}", out.dump_line(false));
-    Ok(())
+    ])
 }
 
 fn operator_summary(op: &J, base: &J) -> Result<()> {
     let up = op.get("upgrade");
+    operator_table(op, base, up);
+    if up.truthy() {
+        upgrade_lines(up);
+    }
+    println!("{}", operator_json(op, base, up)?.dump_line(true));
+    Ok(())
+}
+
+/// The table on stderr: the operator, its upgrade (if it ran one), the
+/// baseline.
+fn operator_table(op: &J, base: &J, up: &J) {
     eprintln!(
         "{:<10}{:>12}{:>13}{:>12}{:>10}{:>14}",
         "", "converge s", "writes/node", "reads/node", "at once", "peak RSS MiB"
@@ -353,39 +397,50 @@ fn operator_summary(op: &J, base: &J) -> Result<()> {
             r.get("peakRssMiB").py_str()
         );
     }
-    if up.truthy() {
+}
+
+/// The upgrade's own lines, and a warning where more nodes went at once
+/// than maxUnavailable allows.
+fn upgrade_lines(up: &J) {
+    eprintln!(
+        "upgrade: {}/{} nodes to driver {}; at once: {} upgrading or cordoned \
+         (maxUnavailable {}), {} without the ready label",
+        up.get("upgradedNodes").py_str(),
+        up.get("nodes").py_str(),
+        up.get("toVersion").py_str(),
+        up.get("maxConcurrent").py_str(),
+        up.get("maxUnavailable").py_str(),
+        up.get("maxUnready").py_str()
+    );
+    let n = |k: &str| up.get(k).as_f64().unwrap_or(0.0);
+    if n("maxConcurrent") > n("maxUnavailable") {
         eprintln!(
-            "upgrade: {}/{} nodes to driver {}; at once: {} upgrading or cordoned \
-             (maxUnavailable {}), {} without the ready label",
-            up.get("upgradedNodes").py_str(),
-            up.get("nodes").py_str(),
-            up.get("toVersion").py_str(),
+            "WARNING: {} nodes upgrading at once, more than maxUnavailable {}",
             up.get("maxConcurrent").py_str(),
-            up.get("maxUnavailable").py_str(),
-            up.get("maxUnready").py_str()
+            up.get("maxUnavailable").py_str()
         );
-        let n = |k: &str| up.get(k).as_f64().unwrap_or(0.0);
-        if n("maxConcurrent") > n("maxUnavailable") {
-            eprintln!(
-                "WARNING: {} nodes upgrading at once, more than maxUnavailable {}",
-                up.get("maxConcurrent").py_str(),
-                up.get("maxUnavailable").py_str()
-            );
-        }
     }
-    let pick = |from: &J, keys: &[&str]| -> Vec<(String, J)> {
-        keys.iter()
-            .map(|k| (k.to_string(), from.get(k).clone()))
-            .collect()
-    };
-    let required = |k: &str| -> Result<J> {
-        if op.has(k) {
-            Ok(op.get(k).clone())
-        } else {
-            bail!("the operator's result has no {k}")
-        }
-    };
-    let mut upgrade = vec![("nodes".to_string(), required("nodes")?)];
+}
+
+/// `keys` of `from`, in that order (`None` where missing).
+fn pick(from: &J, keys: &[&str]) -> Vec<(String, J)> {
+    keys.iter()
+        .map(|k| (k.to_string(), from.get(k).clone()))
+        .collect()
+}
+
+/// The operator's result's `k`, which it must have.
+fn required(op: &J, k: &str) -> Result<J> {
+    if op.has(k) {
+        Ok(op.get(k).clone())
+    } else {
+        bail!("the operator's result has no {k}")
+    }
+}
+
+/// The JSON line on stdout.
+fn operator_json(op: &J, base: &J, up: &J) -> Result<J> {
+    let mut upgrade = vec![("nodes".to_string(), required(op, "nodes")?)];
     upgrade.extend(pick(
         up,
         &[
@@ -397,28 +452,24 @@ fn operator_summary(op: &J, base: &J) -> Result<()> {
             "peakRssMiB",
         ],
     ));
-    let out = J::Obj(vec![
-        ("nodes".into(), required("nodes")?),
-        ("convergeSeconds".into(), required("convergeSeconds")?),
-        ("writesPerNode".into(), required("writesPerNode")?),
+    let baseline = pick(
+        base,
+        &[
+            "convergeSeconds",
+            "writesPerNode",
+            "readsPerNode",
+            "peakRssMiB",
+        ],
+    );
+    Ok(J::Obj(vec![
+        ("nodes".into(), required(op, "nodes")?),
+        ("convergeSeconds".into(), required(op, "convergeSeconds")?),
+        ("writesPerNode".into(), required(op, "writesPerNode")?),
         ("readsPerNode".into(), op.get("readsPerNode").clone()),
         ("peakRssMiB".into(), op.get("peakRssMiB").clone()),
-        (
-            "baseline".into(),
-            J::Obj(pick(
-                base,
-                &[
-                    "convergeSeconds",
-                    "writesPerNode",
-                    "readsPerNode",
-                    "peakRssMiB",
-                ],
-            )),
-        ),
+        ("baseline".into(), J::Obj(baseline)),
         ("upgrade".into(), J::Obj(upgrade)),
-    ]);
-    println!("{}", out.dump_line(true));
-    Ok(())
+    ]))
 }
 
 /// `k.removesuffix('Seconds') v:.1f s, …` of a result's timings.
@@ -439,85 +490,131 @@ fn steps(timings: &J) -> String {
     }
 }
 
-fn cache_summary(a: &CacheArgs) -> Result<()> {
-    let dir = a.root.join("bench-cache");
-    let docs = [
-        ("miss", read_json(&dir.join("miss.json"))?),
-        ("hit", read_json(&dir.join("hit.json"))?),
-        ("hitx", read_json(&dir.join("hitx.json"))?),
-    ];
-    for ((n, doc), want) in docs.iter().zip(["Miss", "Hit", "Hit"]) {
+/// One run of bench-cache: the file stem of its result and memory figures,
+/// the row's text, the cache outcome it must have, the bytes it moved
+/// (status.cache's key, and which way), its wall time's decimals.
+struct CacheRun {
+    stem: &'static str,
+    what: &'static str,
+    outcome: &'static str,
+    bytes: &'static str,
+    way: &'static str,
+    decimals: usize,
+}
+
+const CACHE_RUNS: [CacheRun; 3] = [
+    CacheRun {
+        stem: "miss",
+        what: "compile of the key (`build`, cache Miss, then upload)",
+        outcome: "Miss",
+        bytes: "bytesUploaded",
+        way: "up",
+        decimals: 1,
+    },
+    CacheRun {
+        stem: "hit",
+        what: "cache hit, `--driver-version` given (as `run`)",
+        outcome: "Hit",
+        bytes: "bytesDownloaded",
+        way: "down",
+        decimals: 2,
+    },
+    CacheRun {
+        stem: "hitx",
+        what: "cache hit, version read from the source (extracts)",
+        outcome: "Hit",
+        bytes: "bytesDownloaded",
+        way: "down",
+        decimals: 2,
+    },
+];
+
+/// The runs' result documents; an error where one's cache outcome is not
+/// the run's.
+fn cache_docs(dir: &Path) -> Result<Vec<J>> {
+    let docs = CACHE_RUNS
+        .iter()
+        .map(|r| J::read(&dir.join(format!("{}.json", r.stem))))
+        .collect::<Result<Vec<J>>>()?;
+    for (r, doc) in CACHE_RUNS.iter().zip(&docs) {
         let got = doc.get("status").get("cache").get("outcome");
-        if got.as_str() != Some(want) {
+        if got.as_str() != Some(r.outcome) {
             bail!(
-                "{n} run had cache outcome {}, not {want}: {}",
+                "{} run had cache outcome {}, not {}: {}",
+                r.stem,
                 got.py_str(),
+                r.outcome,
                 doc.get("status").get("message").py_str()
             );
         }
     }
+    Ok(docs)
+}
+
+/// The last run's memory (bytes -> MiB), anon and peak: two cells, "n/a"
+/// without a cgroup.
+fn cache_mem(dir: &Path, stem: &str) -> String {
+    let num = |ext: &str| -> Option<f64> {
+        // An empty file is 0 (no sample yet); a blank line is no figure.
+        let t = std::fs::read_to_string(dir.join(format!("{stem}.{ext}"))).ok()?;
+        if t.is_empty() {
+            Some(0.0)
+        } else {
+            t.trim().parse::<i64>().ok().map(|v| v as f64)
+        }
+    };
+    match (num("anon"), num("peak")) {
+        (Some(a), Some(p)) => format!("{:.0} MiB | {:.0} MiB", a / 1048576.0, p / 1048576.0),
+        _ => "n/a | n/a".into(),
+    }
+}
+
+fn cache_summary(a: &CacheArgs) -> Result<()> {
+    let dir = a.t.root.join("bench-cache");
+    let docs = cache_docs(&dir)?;
     let miss = ms_list(&a.miss_ms)?;
-    let (m, h, hx) = (
+    let secs = [
         median(&miss) / 1000.0,
         median(&ms_list(&a.hit_ms)?) / 1000.0,
         median(&ms_list(&a.hitx_ms)?) / 1000.0,
-    );
-    let status = |i: usize| docs[i].1.get("status");
-    let cache_mb =
-        |i: usize, k: &str| status(i).get("cache").get(k).as_f64().unwrap_or(f64::NAN) / 1e6;
-    // The last run's memory (bytes -> MiB); "n/a" without a cgroup.
-    let mem = |n: &str| -> String {
-        let num = |ext: &str| -> Option<f64> {
-            // An empty file is 0 (no sample yet); a blank line is no figure.
-            let t = std::fs::read_to_string(dir.join(format!("{n}.{ext}"))).ok()?;
-            if t.is_empty() {
-                Some(0.0)
-            } else {
-                t.trim().parse::<i64>().ok().map(|v| v as f64)
-            }
-        };
-        match (num("anon"), num("peak")) {
-            (Some(a), Some(p)) => format!("{:.0} MiB | {:.0} MiB", a / 1048576.0, p / 1048576.0),
-            _ => "n/a | n/a".into(),
-        }
-    };
-    let runs = if miss.len() > 1 {
-        format!(" (median of {})", miss.len())
-    } else {
-        String::new()
-    };
+    ];
     println!(
-        "### bench-cache: {}/{}, driver {}, kernel {}, -j{}, S3 (s3s-fs) on loopback{runs}",
-        a.suite, a.flavor, a.driver, a.kernel, a.jobs
+        "### bench-cache: {}/{}, driver {}, kernel {}, -j{}, S3 (s3s-fs) on loopback{}",
+        a.t.suite,
+        a.t.flavor,
+        a.driver,
+        a.t.kernel,
+        a.jobs,
+        median_of(miss.len())
     );
     println!();
     println!(
         "| what | wall time | cache | bytes | peak anon | peak with page cache | build's own steps |"
     );
     println!("|---|---|---|---|---|---|---|");
-    println!(
-        "| compile of the key (`build`, cache Miss, then upload) | {m:.1} s | Miss | {:.1} MB up | {} | {} |",
-        cache_mb(0, "bytesUploaded"),
-        mem("miss"),
-        steps(status(0).get("timings"))
-    );
-    println!(
-        "| cache hit, `--driver-version` given (as `run`) | {h:.2} s | Hit | {:.1} MB down | {} | {} |",
-        cache_mb(1, "bytesDownloaded"),
-        mem("hit"),
-        steps(status(1).get("timings"))
-    );
-    println!(
-        "| cache hit, version read from the source (extracts) | {hx:.2} s | Hit | {:.1} MB down | {} | {} |",
-        cache_mb(2, "bytesDownloaded"),
-        mem("hitx"),
-        steps(status(2).get("timings"))
-    );
+    for ((r, doc), s) in CACHE_RUNS.iter().zip(&docs).zip(secs) {
+        let status = doc.get("status");
+        let mb = status
+            .get("cache")
+            .get(r.bytes)
+            .as_f64()
+            .unwrap_or(f64::NAN)
+            / 1e6;
+        let decimals = r.decimals;
+        println!(
+            "| {} | {s:.decimals$} s | {} | {mb:.1} MB {} | {} | {} |",
+            r.what,
+            r.outcome,
+            r.way,
+            cache_mem(&dir, r.stem),
+            steps(status.get("timings"))
+        );
+    }
     println!();
-    let (r, rx) = (m / h, m / hx);
+    let (r, rx) = (secs[0] / secs[1], secs[0] / secs[2]);
     println!(
         "compile / hit = **{r:.1}×** (target ≥ 10×: {}); compile / hit-with-extraction = {rx:.1}×",
-        if r >= 10.0 { "met" } else { "NOT met" }
+        met(r >= 10.0)
     );
     Ok(())
 }
@@ -575,11 +672,11 @@ fn ko_in_tar(path: &Path) -> Option<u64> {
     })
 }
 
-fn build_summary(a: &BuildArgs) -> Result<()> {
-    let res = read_json(&a.root.join("bench/result.json"))?;
-    let (status, spec) = (res.get("status"), res.get("spec"));
-    let art = status.get("artifact").as_str().unwrap_or("").to_string();
-    let host_art = (!art.is_empty()).then(|| a.root.join(art.trim_start_matches('/')));
+/// The artifact's size and that of the `nvidia.ko` in it: the result's
+/// module list, else the artifact itself (a directory, or a tarball's
+/// listing), else the last one under bench/out.
+fn artifact_sizes(root: &Path, status: &J, art: &str) -> (Option<u64>, Option<u64>) {
+    let host_art = (!art.is_empty()).then(|| root.join(art.trim_start_matches('/')));
     let mut ko_in_art: Option<u64> = match status.get("modules") {
         J::Arr(ms) => ms
             .iter()
@@ -603,8 +700,16 @@ fn build_summary(a: &BuildArgs) -> Result<()> {
         }
     }
     if ko_in_art.is_none() {
-        ko_in_art = ko_under(&a.root.join("bench/out"));
+        ko_in_art = ko_under(&root.join("bench/out"));
     }
+    (art_size, ko_in_art)
+}
+
+fn build_summary(a: &BuildArgs) -> Result<()> {
+    let res = J::read(&a.t.root.join("bench/result.json"))?;
+    let (status, spec) = (res.get("status"), res.get("spec"));
+    let art = status.get("artifact").as_str().unwrap_or("").to_string();
+    let (art_size, ko_in_art) = artifact_sizes(&a.t.root, status, &art);
     let bd = ms_list(&a.build_ms)?;
     let (e, m, b) = (
         median(&ms_list(&a.extract_ms)?) / 1000.0,
@@ -612,19 +717,18 @@ fn build_summary(a: &BuildArgs) -> Result<()> {
         median(&bd) / 1000.0,
     );
     let mb = |n: Option<u64>| n.map_or("–".to_string(), |n| format!("{:.1} MB", n as f64 / 1e6));
-    let runs = if bd.len() > 1 {
-        format!(" (median of {})", bd.len())
-    } else {
-        String::new()
-    };
     let driver = status
         .get("driverVersion")
         .or(spec.get("driverVersion"))
         .or(&J::str("?"))
         .py_str();
     println!(
-        "### bench-build: {}/{}, driver {driver}, kernel {}, -j{}{runs}",
-        a.suite, a.flavor, a.kernel, a.jobs
+        "### bench-build: {}/{}, driver {driver}, kernel {}, -j{}{}",
+        a.t.suite,
+        a.t.flavor,
+        a.t.kernel,
+        a.jobs,
+        median_of(bd.len())
     );
     println!();
     println!("| what | value |");
@@ -636,7 +740,7 @@ fn build_summary(a: &BuildArgs) -> Result<()> {
     println!(
         "| build / make | **{:.3}×** (target ≤ 1.10×: {}) |",
         b / m,
-        if b / m <= 1.10 { "met" } else { "NOT met" }
+        met(b / m <= 1.10)
     );
     println!("| build / (extract + make) | {:.3}× |", b / (e + m));
     let t = status.get("timings");
@@ -678,6 +782,73 @@ fn serve(listener: TcpListener, payload: PathBuf) {
     }
 }
 
+/// One timed command's wall time (s) and peak RSS (MiB).
+type Timed = (f64, f64);
+
+/// bench-fetch's two commands against the loopback server, each under GNU
+/// time, which reports the command's own peak RSS (Linux carries ru_maxrss
+/// across exec, so a child of this process would report this one's).
+struct FetchRuns<'a> {
+    a: &'a FetchArgs,
+    url: String,
+    rss_file: PathBuf,
+    out: PathBuf,
+    cache: PathBuf,
+}
+
+impl FetchRuns<'_> {
+    fn measure(&self, argv: &[OsString]) -> Result<Timed> {
+        let start = Instant::now();
+        let st = cmd("/usr/bin/time")
+            .args(["-f", "%M", "-o"])
+            .arg(&self.rss_file)
+            .args(argv)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()?;
+        let wall = start.elapsed().as_secs_f64();
+        if !st.success() {
+            bail!("failed: {argv:?}");
+        }
+        let text = std::fs::read_to_string(&self.rss_file)?;
+        let kib: f64 = text.trim().lines().last().unwrap_or("").parse()?;
+        Ok((wall, kib / 1024.0))
+    }
+
+    fn curl(&self) -> Result<Timed> {
+        let mut argv = os(&["curl", "-sS", "-o"]);
+        argv.extend([self.out.clone().into_os_string(), self.url.clone().into()]);
+        let r = self.measure(&argv)?;
+        std::fs::remove_file(&self.out)?;
+        Ok(r)
+    }
+
+    fn installer(&self) -> Result<Timed> {
+        let mut argv = vec![self.a.binary.clone().into_os_string()];
+        argv.extend(os(&[
+            "--termination-log",
+            "/nonexistent",
+            "--log-level",
+            "warn",
+            "fetch",
+            "--url",
+            &self.url,
+            "--sha256",
+            &self.a.sha256,
+            "--allow-http",
+            "--cache-dir",
+        ]));
+        argv.push(self.cache.clone().into_os_string());
+        let r = self.measure(&argv)?;
+        std::fs::remove_dir_all(&self.cache)?;
+        Ok(r)
+    }
+}
+
+fn os(items: &[&str]) -> Vec<OsString> {
+    items.iter().map(OsString::from).collect()
+}
+
 fn fetch(a: &FetchArgs) -> Result<()> {
     let payload = a.work.join("payload.run");
     let size = payload
@@ -687,95 +858,55 @@ fn fetch(a: &FetchArgs) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}/payload.run", listener.local_addr()?);
     std::thread::spawn(move || serve(listener, payload));
-    // GNU time reports the command's own peak RSS (Linux carries ru_maxrss
-    // across exec, so a child of this process would report this one's).
-    let rss_file = a.work.join("rss");
-    let measure = |argv: &[OsString]| -> Result<(f64, f64)> {
-        let start = Instant::now();
-        let st = cmd("/usr/bin/time")
-            .args(["-f", "%M", "-o"])
-            .arg(&rss_file)
-            .args(argv)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()?;
-        let wall = start.elapsed().as_secs_f64();
-        if !st.success() {
-            bail!("failed: {argv:?}");
-        }
-        let text = std::fs::read_to_string(&rss_file)?;
-        let kib: f64 = text.trim().lines().last().unwrap_or("").parse()?;
-        Ok((wall, kib / 1024.0))
-    };
-    let os = |items: &[&str]| -> Vec<OsString> { items.iter().map(OsString::from).collect() };
-    let out = a.work.join("curl.out");
-    let cache = a.work.join("cache");
-    let curl = || -> Result<(f64, f64)> {
-        let mut argv = os(&["curl", "-sS", "-o"]);
-        argv.extend([out.clone().into_os_string(), url.clone().into()]);
-        let r = measure(&argv)?;
-        std::fs::remove_file(&out)?;
-        Ok(r)
-    };
-    let installer = || -> Result<(f64, f64)> {
-        let mut argv = vec![a.binary.clone().into_os_string()];
-        argv.extend(os(&[
-            "--termination-log",
-            "/nonexistent",
-            "--log-level",
-            "warn",
-            "fetch",
-            "--url",
-            &url,
-            "--sha256",
-            &a.sha256,
-            "--allow-http",
-            "--cache-dir",
-        ]));
-        argv.push(cache.clone().into_os_string());
-        let r = measure(&argv)?;
-        std::fs::remove_dir_all(&cache)?;
-        Ok(r)
+    let runs = FetchRuns {
+        a,
+        url,
+        rss_file: a.work.join("rss"),
+        out: a.work.join("curl.out"),
+        cache: a.work.join("cache"),
     };
     // Warms the page cache and the server.
-    curl()?;
+    runs.curl()?;
     let (mut c, mut f) = (Vec::new(), Vec::new());
     for _ in 0..a.runs {
-        c.push(curl()?);
-        f.push(installer()?);
+        c.push(runs.curl()?);
+        f.push(runs.installer()?);
     }
-    let summary = |v: &[(f64, f64)]| {
-        let walls: Vec<f64> = v.iter().map(|r| r.0).collect();
-        (
-            median(&walls),
-            v.iter().map(|r| r.1).fold(f64::NAN, f64::max),
-        )
-    };
+    fetch_report(size, a.runs, &c, &f);
+    Ok(())
+}
+
+/// The median wall time and the largest peak RSS of some runs.
+fn wall_and_rss(v: &[Timed]) -> Timed {
+    let walls: Vec<f64> = v.iter().map(|r| r.0).collect();
+    (
+        median(&walls),
+        v.iter().map(|r| r.1).fold(f64::NAN, f64::max),
+    )
+}
+
+fn fetch_report(size: u64, runs: usize, c: &[Timed], f: &[Timed]) {
     let mib = size as f64 / (1024.0 * 1024.0);
-    println!(
-        "payload: {mib:.0} MiB, {} runs each, median wall time, max peak RSS",
-        a.runs
-    );
+    println!("payload: {mib:.0} MiB, {runs} runs each, median wall time, max peak RSS");
     println!(
         "{:8}{:>10}{:>10}{:>15}",
         "", "wall s", "MiB/s", "peak RSS MiB"
     );
-    let (cw, _) = summary(&c);
-    let (fw, frss) = summary(&f);
-    for (k, v) in [("curl", &c), ("fetch", &f)] {
-        let (w, rss) = summary(v);
+    let (cw, _) = wall_and_rss(c);
+    let (fw, frss) = wall_and_rss(f);
+    for (k, v) in [("curl", c), ("fetch", f)] {
+        let (w, rss) = wall_and_rss(v);
         println!("{k:8}{w:10.2}{:10.0}{rss:15.1}", mib / w);
     }
     let ratio = fw / cw;
     println!(
         "ratio fetch/curl wall time: {ratio:.2} (target <= 1.20: {})",
-        if ratio <= 1.2 { "met" } else { "NOT met" }
+        met(ratio <= 1.2)
     );
     println!(
         "fetch peak RSS: {frss:.1} MiB (target <= 64: {})",
-        if frss <= 64.0 { "met" } else { "NOT met" }
+        met(frss <= 64.0)
     );
-    Ok(())
 }
 
 #[cfg(test)]

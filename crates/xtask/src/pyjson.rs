@@ -4,7 +4,9 @@
 //! tooling come out byte for byte the same.
 
 use std::fmt::Write as _;
+use std::path::Path;
 
+use anyhow::Context as _;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -28,6 +30,13 @@ impl J {
 
     pub fn parse(text: &str) -> serde_json::Result<J> {
         serde_json::from_str(text)
+    }
+
+    /// The document in the file at `path`.
+    pub fn read(path: &Path) -> anyhow::Result<J> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        J::parse(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
     /// `d.get(key)`: `Null` where the key is missing or this is no object.
@@ -239,6 +248,12 @@ fn json_float(f: f64) -> String {
     } else {
         float_repr(f)
     }
+}
+
+/// Python's `round(x, n)` (half to even on the exact binary value, as
+/// Rust's formatting rounds).
+pub fn py_round(x: f64, n: usize) -> f64 {
+    format!("{x:.n$}").parse().unwrap_or(x)
 }
 
 /// Python's `repr(float)`: the shortest digits that read back the same,

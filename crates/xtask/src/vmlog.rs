@@ -143,6 +143,18 @@ impl Checks {
             println!("FAIL {name}: {detail}");
         }
     }
+
+    /// Checks, as `name`, that the step `block` exited `rc` with the
+    /// reason `want`; its result document, for the checks that follow.
+    pub fn step(&mut self, con: &Console, block: &str, name: &str, rc: i32, want: &str) -> Value {
+        let (got, v) = con.doc(block);
+        self.check(
+            name,
+            got == Some(rc) && reason(&v) == want,
+            rc_reason(got, &v),
+        );
+        v
+    }
 }
 
 fn rc_reason(rc: Option<i32>, v: &Value) -> String {
@@ -163,17 +175,24 @@ pub fn x86_vm(c: &mut Checks, con: &Console, release: &str, foreign: &str) {
         format!("booted {booted:?}, expected {release:?}"),
     );
     c.check("init ran to the end", con.done(), "no @@DONE@@ marker");
+    foreign_module(c, con, foreign, &booted);
+    hello_module(c, con, &booted);
+    nvidia_and_run(c, con);
+    onto_the_host(c, con);
+}
 
-    // Another kernel's module: refused before any load.
-    let (rc, v) = con.doc("foreign");
-    c.check(
+/// Another kernel's module: refused before any load.
+fn foreign_module(c: &mut Checks, con: &Console, foreign: &str, booted: &str) {
+    let v = c.step(
+        con,
+        "foreign",
         "foreign vermagic: VermagicMismatch, exit 14",
-        rc == Some(14) && reason(&v) == "VermagicMismatch",
-        rc_reason(rc, &v),
+        14,
+        "VermagicMismatch",
     );
     c.check(
         "foreign vermagic: message names both releases",
-        message(&v).contains(foreign) && message(&v).contains(&booted),
+        message(&v).contains(foreign) && message(&v).contains(booted),
         message(&v),
     );
     let untouched = v["status"]["modules"]
@@ -185,14 +204,17 @@ pub fn x86_vm(c: &mut Checks, con: &Console, release: &str, foreign: &str) {
         untouched && before == after,
         format!("before {before:?}, after {after:?}"),
     );
+}
 
-    // hello.ko through the load path and back out.
+/// hello.ko through the load path and back out.
+fn hello_module(c: &mut Checks, con: &Console, booted: &str) {
     let hello = |block: &str| con.modules(block).iter().any(|m| m == "hello");
-    let (rc, v) = con.doc("hello-install");
-    c.check(
+    let v = c.step(
+        con,
+        "hello-install",
         "hello: install → Installed, exit 0",
-        rc == Some(0) && reason(&v) == "Installed",
-        rc_reason(rc, &v),
+        0,
+        "Installed",
     );
     c.check(
         "hello: in /proc/modules after install",
@@ -206,17 +228,19 @@ pub fn x86_vm(c: &mut Checks, con: &Console, release: &str, foreign: &str) {
             .is_some_and(|r| r.contains(&format!("/1.0-open-{booted}-"))),
         &v["status"]["driverRoot"],
     );
-    let (rc, v) = con.doc("hello-again");
-    c.check(
+    c.step(
+        con,
+        "hello-again",
         "hello: second install → AlreadyInstalled, nothing reloaded",
-        rc == Some(0) && reason(&v) == "AlreadyInstalled",
-        rc_reason(rc, &v),
+        0,
+        "AlreadyInstalled",
     );
-    let (rc, v) = con.doc("hello-uninstall");
-    c.check(
+    c.step(
+        con,
+        "hello-uninstall",
         "hello: uninstall → Uninstalled, exit 0",
-        rc == Some(0) && reason(&v) == "Uninstalled",
-        rc_reason(rc, &v),
+        0,
+        "Uninstalled",
     );
     c.check(
         "hello: gone from /proc/modules after uninstall",
@@ -229,18 +253,19 @@ pub fn x86_vm(c: &mut Checks, con: &Console, release: &str, foreign: &str) {
         dmesg.contains("gpu-driver-hello: loaded") && dmesg.contains("gpu-driver-hello: unloaded"),
         dmesg,
     );
+}
 
-    nvidia_and_run(c, con);
-
-    // The ways onto a host: nsenter into PID 1's namespaces, and a pod-like
-    // chroot in its own mount namespace with --host-root /proc/1/root (it
-    // has no os-release of its own, so the OS it reports can only come
-    // from the host's).
-    let (rc, v) = con.doc("nsenter");
-    c.check(
+/// The ways onto a host: nsenter into PID 1's namespaces, and a pod-like
+/// chroot in its own mount namespace with --host-root /proc/1/root (it
+/// has no os-release of its own, so the OS it reports can only come from
+/// the host's).
+fn onto_the_host(c: &mut Checks, con: &Console) {
+    c.step(
+        con,
+        "nsenter",
         "nsenter -t 1 -m -u -i -n -p -- run: Skipped NoGpu",
-        rc == Some(3) && reason(&v) == "NoGpu",
-        rc_reason(rc, &v),
+        3,
+        "NoGpu",
     );
     let (rc, v) = con.doc("pod");
     c.check(
@@ -256,11 +281,12 @@ pub fn x86_vm(c: &mut Checks, con: &Console, release: &str, foreign: &str) {
 /// nvidia.ko without a GPU: the kernel's own refusal, quoted, nothing left
 /// loaded; then `run` on a node without a GPU. The same in every VM.
 pub fn nvidia_and_run(c: &mut Checks, con: &Console) {
-    let (rc, v) = con.doc("nvidia");
-    c.check(
+    let v = c.step(
+        con,
+        "nvidia",
         "nvidia: ModuleLoadFailed, exit 14",
-        rc == Some(14) && reason(&v) == "ModuleLoadFailed",
-        rc_reason(rc, &v),
+        14,
+        "ModuleLoadFailed",
     );
     c.check(
         "nvidia: errno ENODEV",
