@@ -162,18 +162,7 @@ fn nvml_appears_later_and_its_real_error_is_reported() {
     std::fs::create_dir_all(&host).unwrap();
     std::fs::create_dir_all(&lib_dir).unwrap();
     let lib = lib_dir.join("libnvidia-ml.so.1");
-    let socket = dir.path().join("no-kubelet.sock");
-    let mut e = Exporter::start(
-        &[
-            "--host-root",
-            host.to_str().unwrap(),
-            "--nvml",
-            lib.to_str().unwrap(),
-            "--kubelet-socket",
-            socket.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let mut e = on_host(&host, &lib, &dir.path().join("no-kubelet.sock"), &[]);
 
     let first = nvml_error(&e.metrics());
     assert!(first.contains("NVML library not found"), "{first}");
@@ -209,6 +198,22 @@ fn nvml_appears_later_and_its_real_error_is_reported() {
     e.wait_log("NVML_ERROR_DRIVER_NOT_LOADED");
 }
 
+/// The exporter on the host root `host`, with NVML from `nvml` and the
+/// kubelet's PodResources at `socket`.
+fn on_host(host: &Path, nvml: &Path, socket: &Path, env: &[(&str, &str)]) -> Exporter {
+    Exporter::start(
+        &[
+            "--host-root",
+            host.to_str().unwrap(),
+            "--nvml",
+            nvml.to_str().unwrap(),
+            "--kubelet-socket",
+            socket.to_str().unwrap(),
+        ],
+        env,
+    )
+}
+
 /// Compiles the NVML double `tests/gpu-double/libnvidia-ml.c` (see its
 /// header) into `dir/libnvidia-ml.so.1`, with a profile of one GPU beside
 /// it unless the test gives its own (`GPU_DOUBLE_PROFILE`).
@@ -228,18 +233,7 @@ fn on_stub(dir: &Path, defines: &[&str], env: &[(&str, &str)]) -> Exporter {
     let lib = stub_nvml(&dir.join("nvml"), defines);
     let host = dir.join("host");
     std::fs::create_dir_all(&host).unwrap();
-    let socket = dir.join("no-kubelet.sock");
-    Exporter::start(
-        &[
-            "--host-root",
-            host.to_str().unwrap(),
-            "--nvml",
-            lib.to_str().unwrap(),
-            "--kubelet-socket",
-            socket.to_str().unwrap(),
-        ],
-        env,
-    )
+    on_host(&host, &lib, &dir.join("no-kubelet.sock"), env)
 }
 
 /// A misbehaving NVML never takes `/healthz` or the process down: an init
@@ -401,22 +395,20 @@ fn fixture_snapshot() -> Snapshot {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// The binary on the host root `dir`, as node `gpu-node-1`, with NVML
+/// from `nvml` and the kubelet double serving `dir`/kubelet.sock (returned
+/// with it).
+fn on_kubelet(dir: &Path, nvml: &Path) -> (Exporter, PathBuf) {
+    let socket = dir.join("kubelet.sock");
+    serve_kubelet(&socket);
+    let e = on_host(dir, nvml, &socket, &[("NODE_NAME", "gpu-node-1")]);
+    (e, socket)
+}
+
 #[test]
 fn pods_holding_gpus_come_from_the_kubelet() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("kubelet.sock");
-    serve_kubelet(&socket);
-    let mut e = Exporter::start(
-        &[
-            "--host-root",
-            dir.path().to_str().unwrap(),
-            "--nvml",
-            dir.path().join("none/libnvidia-ml.so.1").to_str().unwrap(),
-            "--kubelet-socket",
-            socket.to_str().unwrap(),
-        ],
-        &[("NODE_NAME", "gpu-node-1")],
-    );
+    let (mut e, socket) = on_kubelet(dir.path(), &dir.path().join("none/libnvidia-ml.so.1"));
     let m = e.metrics();
     let up = one(&m, "gpu_driver_exporter_podresources_up", &[]);
     assert_eq!((up.value, up.labels.len()), (1.0, 0), "{up:?}\n{}", e.log());
@@ -486,19 +478,7 @@ fn the_gpu_doubles_readings_reach_the_pod_that_holds_the_gpu() {
         &dir.path().join("driver"),
         crate::support::host::TWO_H100_PROFILE,
     );
-    let socket = dir.path().join("kubelet.sock");
-    serve_kubelet(&socket);
-    let mut e = Exporter::start(
-        &[
-            "--host-root",
-            dir.path().to_str().unwrap(),
-            "--nvml",
-            libs.join("libnvidia-ml.so.1").to_str().unwrap(),
-            "--kubelet-socket",
-            socket.to_str().unwrap(),
-        ],
-        &[("NODE_NAME", "gpu-node-1")],
-    );
+    let (mut e, _socket) = on_kubelet(dir.path(), &libs.join("libnvidia-ml.so.1"));
     let deadline = Instant::now() + Duration::from_secs(30);
     let m = loop {
         let m = e.metrics();

@@ -184,6 +184,20 @@ fn mib(m: Option<Memory>, f: fn(&Memory) -> u64) -> Option<f64> {
     m.map(|m| f(&m) as f64 / MIB)
 }
 
+/// A frame buffer gauge (MiB) read from the `Memory` field `$field`, of a
+/// whole GPU and of a MIG instance alike.
+macro_rules! fb_field {
+    ($name:literal, $help:literal, $field:ident) => {
+        GpuField {
+            name: $name,
+            kind: "gauge",
+            help: $help,
+            value: |g| mib(g.memory, |m| m.$field),
+            mig: Some(|m| mib(m.memory, |m| m.$field)),
+        }
+    };
+}
+
 /// The DCGM exporter's field names (etc/default-counters.csv and the
 /// go-dcgm field table; docs/exporter.md), in its units: W, mJ, MHz, MiB, °C.
 const GPU_FIELDS: &[GpuField] = &[
@@ -201,27 +215,21 @@ const GPU_FIELDS: &[GpuField] = &[
         value: |g| g.mem_util.map(f64::from),
         mig: None,
     },
-    GpuField {
-        name: "DCGM_FI_DEV_FB_USED",
-        kind: "gauge",
-        help: "Framebuffer memory used (MiB).",
-        value: |g| mib(g.memory, |m| m.used),
-        mig: Some(|m| mib(m.memory, |m| m.used)),
-    },
-    GpuField {
-        name: "DCGM_FI_DEV_FB_FREE",
-        kind: "gauge",
-        help: "Framebuffer memory free (MiB).",
-        value: |g| mib(g.memory, |m| m.free),
-        mig: Some(|m| mib(m.memory, |m| m.free)),
-    },
-    GpuField {
-        name: "DCGM_FI_DEV_FB_TOTAL",
-        kind: "gauge",
-        help: "Framebuffer memory total (MiB).",
-        value: |g| mib(g.memory, |m| m.total),
-        mig: Some(|m| mib(m.memory, |m| m.total)),
-    },
+    fb_field!(
+        "DCGM_FI_DEV_FB_USED",
+        "Framebuffer memory used (MiB).",
+        used
+    ),
+    fb_field!(
+        "DCGM_FI_DEV_FB_FREE",
+        "Framebuffer memory free (MiB).",
+        free
+    ),
+    fb_field!(
+        "DCGM_FI_DEV_FB_TOTAL",
+        "Framebuffer memory total (MiB).",
+        total
+    ),
     GpuField {
         name: "DCGM_FI_DEV_POWER_USAGE",
         kind: "gauge",

@@ -244,9 +244,6 @@ pub(crate) fn job_seconds(job: &Job, now_unix: i64) -> Option<f64> {
     Some((now_unix - start.0.as_second()).max(0) as f64)
 }
 
-/// A `run` RunResult with `reason`, on the host root a Job mounts, and
-/// driver 580.95.05 (open) installed when `installed`: the unit tests'
-/// installer result.
 /// Replaces `(pod <uid>)` in an installer's message with
 /// `(pod <namespace>/<name>)` for the pods known by UID.
 pub fn name_pods(message: &str, pods: &[(String, String)]) -> String {
@@ -257,18 +254,31 @@ pub fn name_pods(message: &str, pods: &[(String, String)]) -> String {
     out
 }
 
+/// A `run` RunResult with `reason`, on the host root a Job mounts, and
+/// driver 580.95.05 (open) installed when `installed`: the unit tests'
+/// installer result.
 #[cfg(test)]
 pub(crate) fn run_result(reason: Reason, installed: bool) -> RunResult {
+    sample_run_result(reason, "done", installed.then_some("580.95.05"))
+}
+
+/// A `run` RunResult with `reason` and `message`, on the host root a Job
+/// mounts, and with driver `installed` (open, on 6.6.63-cloud-amd64) where
+/// one is: an installer's result as the unit tests and the benchmark's
+/// simulated Jobs report it.
+pub fn sample_run_result(
+    reason: Reason,
+    message: impl Into<String>,
+    installed: Option<&str>,
+) -> RunResult {
     use gpu_driver_contract::report::Document;
     use gpu_driver_contract::run::{RunSpec, RunStatus};
-    let mut status = RunStatus::new(Outcome::new(reason, "done"));
-    if installed {
-        status.installed = Some(Installed {
-            driver_version: Some("580.95.05".into()),
-            flavor: Some(gpu_driver_contract::node::ModuleFlavor::Open),
-            kernel_release: Some("6.6.63-cloud-amd64".into()),
-        });
-    }
+    let mut status = RunStatus::new(Outcome::new(reason, message));
+    status.installed = installed.map(|version| Installed {
+        driver_version: Some(version.into()),
+        flavor: Some(gpu_driver_contract::node::ModuleFlavor::Open),
+        kernel_release: Some("6.6.63-cloud-amd64".into()),
+    });
     let spec = RunSpec {
         host_root: "/proc/1/root".into(),
         artifact: None,

@@ -41,15 +41,72 @@ fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
     out
 }
 
-#[test]
-fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
-    let Some(server) = S3Server::start() else {
-        return;
-    };
+/// What [`s3_with_packages`] sets up.
+type S3WithPackages = (
+    S3Server,
+    Fixture,
+    crate::support::http::Server,
+    Vec<String>,
+    String,
+);
+
+/// An S3 store, a fixture, a web server for the fixture's driver tarball,
+/// the fetch flags for it and the store's URL for `prefix`; `None` where S3
+/// tests are skipped.
+fn s3_with_packages(prefix: &str) -> Option<S3WithPackages> {
+    let server = S3Server::start()?;
     let fx = Fixture::new(0);
     let (packages, sum) = package_server(&fx);
     let pkg = package_args(&packages, &sum);
-    let url = server.url("cluster-a");
+    let url = server.url(prefix);
+    Some((server, fx, packages, pkg, url))
+}
+
+/// An install Job's flags: read-only, never compiling, and only the
+/// artifact `sha`.
+fn pinned(sha: &str) -> Vec<&str> {
+    vec![
+        "--cache-read-only",
+        "--no-compile",
+        "--artifact-sha256",
+        sha,
+    ]
+}
+
+/// An install Job that may compile: read-only, and only the artifact `sha`
+/// from the store.
+fn run_compiling_pinned(
+    server: &S3Server,
+    node: &Path,
+    pkg: &[String],
+    url: &str,
+    sha: &str,
+) -> Run {
+    run_s3(
+        server,
+        run_node(
+            node,
+            pkg,
+            url,
+            &["--cache-read-only", "--artifact-sha256", sha],
+        ),
+    )
+}
+
+/// The run's BuildResult: built, a cache miss, nothing stored.
+fn built_on_an_unstored_miss(r: &Run) -> Value {
+    let build = step(r, "BuildResult");
+    assert_eq!(build["status"]["reason"], "Built", "{build}\n{}", r.stderr);
+    assert_eq!(build["status"]["cache"]["outcome"], "Miss", "{build}");
+    assert_eq!(build["status"]["cache"]["stored"], false, "{build}");
+    build
+}
+
+#[test]
+fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
+    let Some((server, fx, _packages, pkg, url)) = s3_with_packages("cluster-a") else {
+        return;
+    };
     let node = fx.node("node");
 
     assert_an_install_before_any_build_fails_unwritten(&server, &fx, &node, &pkg, &url);
@@ -101,15 +158,7 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
     // build Job reported.
     let stored = snapshot(&server.bucket_dir());
     let wrong = sha256(b"another artifact");
-    fn only(expected: &str) -> Vec<&str> {
-        vec![
-            "--cache-read-only",
-            "--no-compile",
-            "--artifact-sha256",
-            expected,
-        ]
-    }
-    let r = run_s3(&server, run_node(&node, &pkg, &url, &only(&wrong)));
+    let r = run_s3(&server, run_node(&node, &pkg, &url, &pinned(&wrong)));
     assert_eq!(r.reason(), "ChecksumMismatch", "{}\n{}", r.doc, r.stderr);
     assert_eq!(r.code, 12);
     let msg = r.message();
@@ -118,7 +167,7 @@ fn s3_a_build_job_stores_the_artifact_and_read_only_install_jobs_use_only_it() {
 
     let r = run_s3(
         &server,
-        run_node(&node, &pkg, &url, &only(&sha.to_uppercase())),
+        run_node(&node, &pkg, &url, &pinned(&sha.to_uppercase())),
     );
     let build = step(&r, "BuildResult");
     assert_eq!(build["status"]["reason"], "Built", "{build}\n{}", r.stderr);
@@ -143,22 +192,10 @@ fn assert_a_refused_entry_is_compiled_not_stored(
 ) {
     // Allowed to compile, a node refuses the entry all the same, compiles
     // its own, and neither replaces the entry nor stores anything.
-    let r = run_s3(
-        server,
-        run_node(
-            node,
-            pkg,
-            url,
-            &["--cache-read-only", "--artifact-sha256", wrong],
-        ),
-    );
-    let build = step(&r, "BuildResult");
-    assert_eq!(build["status"]["reason"], "Built", "{build}\n{}", r.stderr);
-    let cache = &build["status"]["cache"];
-    assert_eq!(cache["outcome"], "Miss", "{build}");
-    assert_eq!(cache["stored"], false, "{build}");
+    let r = run_compiling_pinned(server, node, pkg, url, wrong);
+    let build = built_on_an_unstored_miss(&r);
     assert!(
-        cache["warnings"][0]
+        build["status"]["cache"]["warnings"][0]
             .as_str()
             .unwrap()
             .contains("--artifact-sha256"),
@@ -204,23 +241,25 @@ fn assert_an_install_before_any_build_fails_unwritten(
     );
 }
 
+/// The run failed with CacheWriteFailed (exit 13): its message.
+fn cache_write_failed(r: &Run) -> &str {
+    assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
+    assert_eq!(r.code, 13);
+    r.message()
+}
+
 #[test]
 fn s3_a_build_job_that_cannot_write_the_store_fails_cache_write_failed() {
-    let Some(server) = S3Server::start() else {
+    let Some((server, fx, _packages, pkg, url)) = s3_with_packages("p") else {
         return;
     };
-    let fx = Fixture::new(0);
-    let (packages, sum) = package_server(&fx);
-    let pkg = package_args(&packages, &sum);
 
     // Credentials the store refuses.
-    let mut c = prebuild(&fx, &pkg, &server.url("p"), &[]);
+    let mut c = prebuild(&fx, &pkg, &url, &[]);
     server.env(&mut c);
     c.env("AWS_SECRET_ACCESS_KEY", "not-the-secret-key");
     let r = finish(c.output().unwrap());
-    assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
-    assert_eq!(r.code, 13);
-    let msg = r.message();
+    let msg = cache_write_failed(&r);
     assert!(
         msg.contains("not in the cache") && msg.contains("Unavailable"),
         "{msg}"
@@ -242,9 +281,7 @@ fn s3_a_build_job_that_cannot_write_the_store_fails_cache_write_failed() {
         &read_only,
         prebuild(&fx, &pkg, &read_only.url("p"), &["--cache-wait", "0"]),
     );
-    assert_eq!(r.reason(), "CacheWriteFailed", "{}\n{}", r.doc, r.stderr);
-    assert_eq!(r.code, 13);
-    let msg = r.message();
+    let msg = cache_write_failed(&r);
     assert!(
         msg.contains("(cache Miss: ") && msg.contains("not stored"),
         "{msg}"
@@ -270,11 +307,8 @@ fn file_store_a_read_only_run_writes_nothing_even_on_a_miss() {
             .output()
             .unwrap(),
     );
-    let build = step(&r, "BuildResult");
-    assert_eq!(build["status"]["reason"], "Built", "{build}\n{}", r.stderr);
+    let build = built_on_an_unstored_miss(&r);
     let cache = &build["status"]["cache"];
-    assert_eq!(cache["outcome"], "Miss", "{build}");
-    assert_eq!(cache["stored"], false, "{build}");
     assert!(cache.get("lease").is_none(), "{build}");
     assert!(
         cache["warnings"][0].as_str().unwrap().contains("read-only"),
@@ -435,22 +469,10 @@ fn prebuild_and_install_job_flags_are_checked_before_anything_runs() {
 /// before.
 #[test]
 fn s3_a_node_whose_artifact_is_cached_downloads_only_the_artifact() {
-    let Some(server) = S3Server::start() else {
+    let Some((server, fx, packages, pkg, url)) = s3_with_packages("cluster-b") else {
         return;
     };
-    let fx = Fixture::new(0);
-    let (packages, sum) = package_server(&fx);
-    let pkg = package_args(&packages, &sum);
-    let url = server.url("cluster-b");
     let node = fx.node("node");
-    fn pinned(sha: &str) -> Vec<&str> {
-        vec![
-            "--cache-read-only",
-            "--no-compile",
-            "--artifact-sha256",
-            sha,
-        ]
-    }
 
     let nothing = sha256(b"nothing stored yet");
     let r = run_s3(&server, run_node(&node, &pkg, &url, &pinned(&nothing)));
@@ -555,15 +577,7 @@ fn assert_a_missing_digest_is_fetched_and_built(
     pkg: &[String],
     url: &str,
 ) {
-    let r = run_s3(
-        server,
-        run_node(
-            node,
-            pkg,
-            url,
-            &["--cache-read-only", "--artifact-sha256", &sha256(b"x")],
-        ),
-    );
+    let r = run_compiling_pinned(server, node, pkg, url, &sha256(b"x"));
     assert_eq!(
         step(&r, "FetchResult")["status"]["reason"],
         "Fetched",

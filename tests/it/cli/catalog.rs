@@ -79,33 +79,25 @@ fn a_broken_catalog_is_a_clear_failure() {
 
 #[test]
 fn the_embedded_catalog_refuses_measured_broken_pairs() {
-    // Measured: 550.163.01 open fails to compile on 6.12.117+deb13.
-    let r = run_on(
-        "debian-13-hgx-a100",
-        &[
+    // `resolve` of 550.163.01 on 6.12.117+deb13, then `flavor`.
+    let resolve = |flavor: &[&str]| {
+        let mut args = vec![
             "--kernel-release",
             "6.12.117+deb13-cloud-amd64",
             "resolve",
             "--driver-version",
             "550.163.01",
-            "--flavor",
-            "open",
-        ],
-    );
+        ];
+        args.extend_from_slice(flavor);
+        run_on("debian-13-hgx-a100", &args)
+    };
+    // Measured: 550.163.01 open fails to compile on 6.12.117+deb13.
+    let r = resolve(&["--flavor", "open"]);
     assert_eq!(r.code, 11, "{}", r.doc);
     assert_eq!(r.doc["status"]["reason"], "IncompatibleKernel");
     assert!(r.message().contains("pci_resize_resource"));
     // The proprietary flavor of the same pair builds, and auto picks it.
-    let r = run_on(
-        "debian-13-hgx-a100",
-        &[
-            "--kernel-release",
-            "6.12.117+deb13-cloud-amd64",
-            "resolve",
-            "--driver-version",
-            "550.163.01",
-        ],
-    );
+    let r = resolve(&[]);
     assert_eq!(r.code, 0, "{}", r.doc);
     assert_eq!(r.doc["status"]["moduleFlavor"], "proprietary");
 }

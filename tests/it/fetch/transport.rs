@@ -25,28 +25,18 @@ fn proxies_from_the_environment_are_used_unless_no_proxy() {
     let proxy = ConnectProxy::start();
     let url = origin.url("/p.run");
     let origin_addr = format!("127.0.0.1:{}", origin.port);
+    // Each fetch into a fresh cache, so that each one downloads; it succeeds.
+    let fetch_plain = |env: &[(&str, &str)]| {
+        let dir = tempfile::tempdir().unwrap();
+        let r = fetch_http_env(dir.path(), &url, &sum, &[], env);
+        assert_eq!(r.code, 0, "{}", r.doc);
+    };
 
-    let dir = tempfile::tempdir().unwrap();
-    let r = fetch_http_env(
-        dir.path(),
-        &url,
-        &sum,
-        &[],
-        &[("HTTPS_PROXY", &proxy.url())],
-    );
-    assert_eq!(r.code, 0, "{}", r.doc);
+    fetch_plain(&[("HTTPS_PROXY", &proxy.url())]);
     assert_eq!(*proxy.targets.lock().unwrap(), vec![origin_addr.clone()]);
     assert_eq!(origin.count(), 1);
 
-    let dir = tempfile::tempdir().unwrap();
-    let r = fetch_http_env(
-        dir.path(),
-        &url,
-        &sum,
-        &[],
-        &[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")],
-    );
-    assert_eq!(r.code, 0, "{}", r.doc);
+    fetch_plain(&[("HTTPS_PROXY", &proxy.url()), ("NO_PROXY", "127.0.0.1")]);
     assert_eq!(
         proxy.targets.lock().unwrap().len(),
         1,

@@ -47,20 +47,29 @@ fn assert_nothing_placed(host: &Path) {
     assert!(left.is_empty(), "{left:?}");
 }
 
-#[test]
-fn an_unsigned_module_on_a_secure_boot_host_is_refused_before_any_load() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (host, art) = empty_host_and_artifact(tmp.path());
-    with_secure_boot(&host);
-    let (code, doc) = install(&host, RELEASE, &art);
+/// `install` of `art` on `host`, refused for want of a signature (exit 14):
+/// its document; `None` where the test is skipped without root.
+fn refused_for_a_signature(host: &Path, art: &Path) -> Option<Value> {
+    let (code, doc) = install(host, RELEASE, art);
     if skipped_without_root("install's lock and staging") {
-        return;
+        return None;
     }
     assert_eq!(
         outcome(code, &doc),
         (14, Some("ModuleSignatureRequired")),
         "{doc}"
     );
+    Some(doc)
+}
+
+#[test]
+fn an_unsigned_module_on_a_secure_boot_host_is_refused_before_any_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (host, art) = empty_host_and_artifact(tmp.path());
+    with_secure_boot(&host);
+    let Some(doc) = refused_for_a_signature(&host, &art) else {
+        return;
+    };
     let msg = message(&doc);
     assert!(
         msg.contains("Secure Boot is on") && msg.contains("gpu_driver_test"),
@@ -82,15 +91,9 @@ fn lockdown_or_sig_enforce_require_signatures_too() {
         "none [integrity] confidentiality\n",
     )
     .unwrap();
-    let (code, doc) = install(&host, RELEASE, &art);
-    if skipped_without_root("install's lock and staging") {
+    let Some(doc) = refused_for_a_signature(&host, &art) else {
         return;
-    }
-    assert_eq!(
-        outcome(code, &doc),
-        (14, Some("ModuleSignatureRequired")),
-        "{doc}"
-    );
+    };
     assert!(message(&doc).contains("lockdown is integrity"), "{doc}");
     fs::write(
         security.join("lockdown"),
@@ -100,12 +103,9 @@ fn lockdown_or_sig_enforce_require_signatures_too() {
     let params = host.join("sys/module/module/parameters");
     fs::create_dir_all(&params).unwrap();
     fs::write(params.join("sig_enforce"), "Y\n").unwrap();
-    let (code, doc) = install(&host, RELEASE, &art);
-    assert_eq!(
-        outcome(code, &doc),
-        (14, Some("ModuleSignatureRequired")),
-        "{doc}"
-    );
+    let Some(doc) = refused_for_a_signature(&host, &art) else {
+        return;
+    };
     assert!(message(&doc).contains("module.sig_enforce=Y"), "{doc}");
     assert_nothing_placed(&host);
 }
@@ -141,13 +141,26 @@ fn uninstall_of_a_module_that_is_not_loaded_succeeds() {
     }
 }
 
+/// `command` on the fixture host `host`: it exits `code` with a document
+/// of `kind` and `reason`, which it returns.
+fn run_on_fixture(host: &str, command: &str, code: i32, kind: &str, reason: &str) -> Value {
+    let root = fixture(host);
+    let (got, doc) = run(&["--host-root", root.to_str().unwrap(), command]);
+    assert_eq!(got, code, "{doc}");
+    assert_eq!(doc["kind"], kind);
+    assert_eq!(doc["status"]["reason"], reason);
+    doc
+}
+
 #[test]
 fn verify_without_nvidia_smi_names_the_path() {
-    let root = fixture("debian-12-t4-headers");
-    let (code, doc) = run(&["--host-root", root.to_str().unwrap(), "verify"]);
-    assert_eq!(code, 15, "{doc}");
-    assert_eq!(doc["kind"], "VerifyResult");
-    assert_eq!(doc["status"]["reason"], "VerifyFailed");
+    let doc = run_on_fixture(
+        "debian-12-t4-headers",
+        "verify",
+        15,
+        "VerifyResult",
+        "VerifyFailed",
+    );
     let msg = message(&doc);
     assert!(
         msg.contains("var/lib/gpu-driver/drivers/current/usr/bin/nvidia-smi does not exist"),
@@ -196,10 +209,6 @@ fn verify_runs_the_given_nvidia_smi_and_compares() {
 
 #[test]
 fn run_skips_a_node_without_gpu() {
-    let root = fixture("debian-12-nogpu");
-    let (code, doc) = run(&["--host-root", root.to_str().unwrap(), "run"]);
-    assert_eq!(code, 3, "{doc}");
-    assert_eq!(doc["kind"], "RunResult");
-    assert_eq!(doc["status"]["reason"], "NoGpu");
+    let doc = run_on_fixture("debian-12-nogpu", "run", 3, "RunResult", "NoGpu");
     assert_eq!(doc["status"]["steps"].as_array().unwrap().len(), 1);
 }

@@ -147,16 +147,7 @@ fn answer_the_build_on_the_cpu_node(c: &Cluster, sha_a: &str) {
         ) > 0)
             .then_some(())
     });
-    let pods = get_json(
-        c,
-        &[
-            "pods",
-            "-n",
-            NS,
-            "-l",
-            &format!("{}=build", keys::ROLE_LABEL),
-        ],
-    );
+    let pods = of_role(c, "pods", "build");
     assert_eq!(pods["items"][0]["spec"]["nodeName"], "cpu-1");
     c.wait_for(
         &["gpudriver", "bld"],

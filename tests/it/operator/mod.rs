@@ -268,17 +268,23 @@ fn until_nodes(
 
 /// Jobs of `role` (install, build, detect) in the operator's namespace.
 fn jobs_of(c: &Cluster, role: &str) -> Vec<Value> {
-    let jobs = get_json(
+    let jobs = of_role(c, "jobs", role);
+    jobs["items"].as_array().unwrap().clone()
+}
+
+/// The list of `resource` (jobs, pods) of `role` in the operator's
+/// namespace, as kubectl prints it.
+fn of_role(c: &Cluster, resource: &str, role: &str) -> Value {
+    get_json(
         c,
         &[
-            "jobs",
+            resource,
             "-n",
             NS,
             "-l",
             &format!("{}={role}", keys::ROLE_LABEL),
         ],
-    );
-    jobs["items"].as_array().unwrap().clone()
+    )
 }
 
 /// Plays the installer for the unanswered pods of `role` jobs whose

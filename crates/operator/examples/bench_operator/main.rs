@@ -35,8 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gpu_driver_contract::report::{Document, Kind, Outcome, Reason};
-use gpu_driver_contract::run::{Installed, RunSpec, RunStatus};
+use gpu_driver_contract::report::{Kind, Reason};
 use gpu_driver_operator::controller::{self, Options};
 use gpu_driver_operator::crd::GpuDriver;
 use gpu_driver_operator::decide;
@@ -102,22 +101,11 @@ fn args() -> Result<Args, String> {
 
 /// The installer's RunResult for a verified install of driver `version`.
 fn success_message(version: &str) -> String {
-    let mut status = RunStatus::new(Outcome::new(
+    let doc = gpu_driver_operator::outcome::sample_run_result(
         Reason::Verified,
         format!("driver {version} verified"),
-    ));
-    status.installed = Some(Installed {
-        driver_version: Some(version.into()),
-        flavor: Some(gpu_driver_contract::node::ModuleFlavor::Open),
-        kernel_release: Some("6.6.63-cloud-amd64".into()),
-    });
-    let spec = RunSpec {
-        host_root: "/proc/1/root".into(),
-        artifact: None,
-        driver_version: None,
-        target: None,
-    };
-    let doc = Document::new(Kind::RunResult, spec, status);
+        Some(version),
+    );
     gpu_driver_contract::report::termination_message(Kind::RunResult, &doc).unwrap_or_default()
 }
 

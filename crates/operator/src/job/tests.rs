@@ -18,22 +18,28 @@ fn secret_names(c: &k8s_openapi::api::core::v1::Container) -> Vec<&str> {
         .collect()
 }
 
-/// The pod of the example Job of `kind` for a Garden Linux 1877.3 node.
-fn example_pod(g: &GpuDriver, kind: TemplateKind) -> k8s_openapi::api::core::v1::PodSpec {
+/// The example Job of `kind` in namespace `ns` for a Garden Linux 1877.3
+/// node.
+fn garden_job(g: &GpuDriver, ns: &str, kind: TemplateKind) -> k8s_openapi::api::batch::v1::Job {
     example(
         g,
         "n1",
         "Garden Linux 1877.3",
         "6.12.44-cloud-amd64",
-        "ns",
+        ns,
         kind,
     )
     .unwrap()
-    .spec
-    .unwrap()
-    .template
-    .spec
-    .unwrap()
+}
+
+/// The pod of the example Job of `kind` for a Garden Linux 1877.3 node.
+fn example_pod(g: &GpuDriver, kind: TemplateKind) -> k8s_openapi::api::core::v1::PodSpec {
+    garden_job(g, "ns", kind)
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
 }
 
 fn gd() -> GpuDriver {
@@ -163,15 +169,7 @@ fn the_detect_job_is_not_privileged() {
 #[test]
 fn the_build_job_is_unprivileged_scheduled_and_alone_holds_the_write_secret() {
     let g = gd_with_two_secrets();
-    let job = example(
-        &g,
-        "n1",
-        "Garden Linux 1877.3",
-        "6.12.44-cloud-amd64",
-        "gpu-driver",
-        TemplateKind::Build,
-    )
-    .unwrap();
+    let job = garden_job(&g, "gpu-driver", TemplateKind::Build);
     let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
     assert_eq!(pod.node_name, None, "scheduled, not pinned");
     assert_eq!(pod.host_pid, Some(false));
@@ -239,15 +237,7 @@ fn the_install_job_beside_builds_reads_the_cache_only() {
     let mut g = gd_with_two_secrets();
     // The install Job: the read-only Secret only, and read-only cache use.
     g.spec.build.compile_on_node = false;
-    let job = example(
-        &g,
-        "n1",
-        "Garden Linux 1877.3",
-        "6.12.44-cloud-amd64",
-        "gpu-driver",
-        TemplateKind::CachedInstall,
-    )
-    .unwrap();
+    let job = garden_job(&g, "gpu-driver", TemplateKind::CachedInstall);
     let main = &job.spec.unwrap().template.spec.unwrap().containers[0];
     let secrets = secret_names(main);
     assert_eq!(secrets, ["cache-reader"]);
@@ -601,15 +591,7 @@ fn every_container_has_sized_memory_and_the_spec_overrides_it() {
         assert_eq!(memory(init, "limit"), "64Mi");
     }
     let build_pod = |g: &GpuDriver| {
-        let job = example(
-            g,
-            "n1",
-            "Garden Linux 1877.3",
-            "6.12.44-cloud-amd64",
-            "gpu-driver",
-            TemplateKind::Build,
-        )
-        .unwrap();
+        let job = garden_job(g, "gpu-driver", TemplateKind::Build);
         job.spec.unwrap().template.spec.unwrap().containers[0].clone()
     };
     let main = build_pod(&g);
