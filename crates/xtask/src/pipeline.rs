@@ -250,10 +250,11 @@ impl Run {
         let test = self.cargo_test();
         // Real NVIDIA compiles in the builder roots (minutes each), the arm64
         // cross compile among them: its artifact feeds the arm64 VM test.
+        // `--workspace` as in the first run: `-p` alone would resolve other
+        // dependency features and compile the test binary a second time.
         self.stages.run("compile tests (builder roots)", || {
             test(&[
-                "-p",
-                "gpu-driver-tests",
+                "--workspace",
                 "--test",
                 "it",
                 "build::compile_",
