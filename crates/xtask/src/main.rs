@@ -37,9 +37,9 @@ enum Command {
     /// The test pipeline: lints, tools, unit and integration tests, real
     /// compiles, VM tests and the real node (scripts/test).
     Test,
-    /// CI: every package and the toolchain, the cache's disk use, then the
-    /// test pipeline (.ci/run).
-    Ci,
+    /// CI's set-up before the test pipeline (.ci/run): every package, the
+    /// toolchain, the cache's disk use.
+    CiSetup,
     /// Builds (or finds in the cache) one of the tools the tests run and
     /// prints its path.
     Tool {
@@ -108,13 +108,10 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> Result<()> {
     let repo = std::fs::canonicalize(repo())?;
     match cli.command {
-        Command::Test | Command::Ci => {
-            let mut r = pipeline::Run::new(&repo)?;
-            let res = if matches!(cli.command, Command::Ci) {
-                r.ci()
-            } else {
-                r.test()
-            };
+        Command::Test | Command::CiSetup => {
+            let setup = matches!(cli.command, Command::CiSetup);
+            let mut r = pipeline::Run::new(&repo, if setup { "ci-setup" } else { "stages" })?;
+            let res = if setup { r.ci_setup() } else { r.test() };
             eprint!("{}", r.table());
             res?;
             eprintln!("all stages passed");

@@ -1,5 +1,5 @@
 //! The test pipeline (`cargo xtask test`, behind `scripts/test`) and CI's
-//! (`cargo xtask ci`, behind `.ci/run`): lints, the tools the tests need,
+//! set-up before it (`cargo xtask ci-setup`, in `.ci/run`): lints, the tools the tests need,
 //! the integration tests, real compiles, the VM tests and the real node, in
 //! stages that time themselves.
 
@@ -30,13 +30,14 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn new(repo: &Path) -> Result<Self> {
+    /// `stages` names the run's timings file under `target/xtask/`.
+    pub fn new(repo: &Path, stages: &str) -> Result<Self> {
         let target = static_build::target_dir(repo)?;
         let xt = target.join("xtask");
         Ok(Self {
             repo: repo.to_path_buf(),
             cache: Cache::resolve()?,
-            stages: Stages::new(&xt.join("stages.json"))?,
+            stages: Stages::new(&xt.join(format!("{stages}.json")))?,
             tools: Tools {
                 skip: skipped()?,
                 ..Tools::default()
@@ -58,8 +59,9 @@ impl Run {
         self.tools.write(&self.tools_file)
     }
 
-    /// `.ci/run`: every package, the toolchain, the disk, then the tests.
-    pub fn ci(&mut self) -> Result<()> {
+    /// `.ci/run`'s set-up before it runs `scripts/test`: every package,
+    /// the toolchain, the cache's disk use.
+    pub fn ci_setup(&mut self) -> Result<()> {
         self.stages.run("apt packages", || {
             apt::ensure(&[
                 apt::TEST,
@@ -93,10 +95,10 @@ impl Run {
                 Duration::from_secs(2 * 24 * 3600),
             )?;
             let du = read(cmd("du").args(["-xsm"]).arg(cache.root()))?;
-            eprintln!("cache: {du} MiB");
+            let mib = du.split_whitespace().next().unwrap_or("?");
+            eprintln!("cache: {mib} MiB in {}", cache.root().display());
             Ok(())
-        })?;
-        self.test()
+        })
     }
 
     /// `scripts/test`.
