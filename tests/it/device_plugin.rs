@@ -1,5 +1,5 @@
 //! NVIDIA's real device plugin (github.com/NVIDIA/k8s-device-plugin
-//! v0.19.3, built from the Go module proxy by `scripts/device-plugin`) on
+//! v0.19.3, built from the Go module proxy by `cargo xtask tool device-plugin`) on
 //! the GPU double: a driver root laid out as the installer's, carrying the
 //! double's NVML with a 2-GPU profile, and the kubelet double of
 //! `tools/device-plugin` in place of the kubelet. The plugin registers
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 const GPU0: &str = "GPU-6f3c2a1e-0b7d-4c5e-9a21-3d4e5f607182";
 const GPU1: &str = "GPU-5b6a9c1e-8f3a-2b7d-41c0-9e2f7a6d3b11";
 
-/// The directory `scripts/device-plugin` prints: `bin/nvidia-device-plugin`
+/// The directory `cargo xtask tool device-plugin` prints: `bin/nvidia-device-plugin`
 /// and `bin/kubelet-double`.
 fn device_plugin_bins() -> PathBuf {
     let dir = crate::support::tools::tools()
@@ -23,7 +23,7 @@ fn device_plugin_bins() -> PathBuf {
         .unwrap_or_else(|| {
             crate::support::tools::missing(
                 "devicePlugin",
-                "the directory scripts/device-plugin prints",
+                "the directory `cargo xtask tool device-plugin` prints",
             )
         });
     dir.join("bin")

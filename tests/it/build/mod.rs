@@ -9,7 +9,7 @@
 //! - the tools file's `builderRoots`: a directory holding `bookworm/`,
 //!   `trixie/` and `bookworm-arm64/` roots (`scripts/builder-root`; see
 //!   `docs/build.md`);
-//! - its `staticBin`: the static binary (`scripts/build-static`);
+//! - its `staticBin`: the static binary (`cargo xtask static-build`);
 //! - root (chroot, mount namespaces) and `unshare` (util-linux).
 //!
 //! The test runner writes both. Without the roots the compile tests fail,
@@ -111,7 +111,7 @@ fn static_bin() -> PathBuf {
         Some(p) if p.is_file() => p,
         _ => tools::missing(
             "staticBin",
-            "the static installer for the chroot, from scripts/build-static",
+            "the static installer for the chroot, from `cargo xtask static-build`",
         ),
     }
 }

@@ -1,6 +1,6 @@
 //! The artifact cache (`--cache-url`), end to end: the built installer
 //! against a real S3 server on loopback (s3s-fs, installed by
-//! `scripts/s3-server`) and against a `file://` store.
+//! `cargo xtask tool s3-server`) and against a `file://` store.
 //!
 //! The builds are real `build` runs: real headers layout, real `make`, real
 //! `strip` and modinfo; only the driver's Makefile is a small one that
@@ -9,7 +9,7 @@
 //! not inferred from timings.
 //!
 //! Needs the tools file's `s3Server` (the s3s-fs binary, from
-//! `scripts/s3-server`). Without it the S3 tests fail, saying how to get
+//! `cargo xtask tool s3-server`). Without it the S3 tests fail, saying how to get
 //! it, unless its `skip` holds "s3"; in CI (`CI=true`) they always fail.
 
 use crate::support::tools;
@@ -236,7 +236,7 @@ fn s3_server_binary() -> Option<PathBuf> {
             }
             tools::missing(
                 "s3Server",
-                "the s3s-fs binary scripts/s3-server prints; to skip the S3 tests outside CI, \
+                "the s3s-fs binary `cargo xtask tool s3-server` prints; to skip the S3 tests outside CI, \
                  put \"s3\" in its skip",
             );
         }

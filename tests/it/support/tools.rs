@@ -103,7 +103,7 @@ impl Tools {
     pub fn om_parser(&self) -> Option<PathBuf> {
         path(&self.om_parser)
     }
-    /// The NVIDIA device plugin's directory (scripts/device-plugin).
+    /// The NVIDIA device plugin's directory (`cargo xtask tool device-plugin`).
     pub fn device_plugin(&self) -> Option<PathBuf> {
         path(&self.device_plugin)
     }
