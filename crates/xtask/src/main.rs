@@ -11,14 +11,17 @@ mod apt;
 mod bench;
 mod cache;
 mod cmd;
+mod deadline;
 mod e2e;
 mod go;
 mod jail;
+mod node_root;
 mod matrix_report;
 mod pipeline;
 mod pyjson;
 mod stages;
 mod static_build;
+mod test_data;
 mod tools;
 mod toolsfile;
 
@@ -67,6 +70,22 @@ enum Command {
     },
     /// Prints the cache root.
     CacheRoot,
+    /// Fetches Debian's NVIDIA module sources, kernel headers (as a local
+    /// apt repository), libcuda and nvidia-smi for the tests and prints the
+    /// directory holding them (scripts/fetch-test-data).
+    #[command(alias = "fetch-test-data")]
+    TestData,
+    /// Assembles an NVIDIA-style .run (a real makeself archive) from a
+    /// builder root's module sources and Debian's NVIDIA user space of the
+    /// same version; prints its path (scripts/test-runfile).
+    TestRunfile { builder_root: PathBuf },
+    /// The root disk of the real-node VM (debootstrap, packages,
+    /// tools/node); prints its cache directory (scripts/node-root).
+    NodeRoot {
+        /// Build it even when a fresh one is cached.
+        #[arg(long)]
+        rebuild: bool,
+    },
     /// scripts/matrix's records of each pair and its report (matrix.json,
     /// matrix.md).
     MatrixReport {
@@ -149,6 +168,20 @@ fn dispatch(cli: Cli) -> Result<()> {
         Command::E2e { out } => e2e::run_all(&repo, out),
         Command::CacheRoot => {
             println!("{}", cache::Cache::resolve()?.root().display());
+            Ok(())
+        }
+        Command::TestData => {
+            let dir = test_data::fetch(&cache::Cache::resolve()?)?;
+            println!("{}", dir.display());
+            Ok(())
+        }
+        Command::TestRunfile { builder_root } => {
+            let run = test_data::runfile::build(&cache::Cache::resolve()?, &builder_root)?;
+            println!("{}", run.display());
+            Ok(())
+        }
+        Command::NodeRoot { rebuild } => {
+            println!("{}", node_root::build(&repo, rebuild)?.display());
             Ok(())
         }
         Command::MatrixReport { cmd } => matrix_report::run(cmd),
