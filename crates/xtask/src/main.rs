@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod apt;
 mod bench;
 mod cache;
+mod cluster;
 mod cmd;
 mod deadline;
 mod e2e;
@@ -70,6 +71,13 @@ enum Command {
     },
     /// Prints the cache root.
     CacheRoot,
+    /// A real, local Kubernetes control plane: etcd, kube-apiserver,
+    /// kube-controller-manager, kube-scheduler and KWOK
+    /// (scripts/local-cluster, docs/local-cluster.md).
+    Cluster {
+        #[command(subcommand)]
+        cmd: cluster::Cmd,
+    },
     /// Fetches Debian's NVIDIA module sources, kernel headers (as a local
     /// apt repository), libcuda and nvidia-smi for the tests and prints the
     /// directory holding them (scripts/fetch-test-data).
@@ -166,6 +174,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::E2e { out } => e2e::run_all(&repo, out),
+        Command::Cluster { cmd } => cluster::run(&repo, cmd),
         Command::CacheRoot => {
             println!("{}", cache::Cache::resolve()?.root().display());
             Ok(())
