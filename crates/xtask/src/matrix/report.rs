@@ -1,5 +1,4 @@
-//! `cargo xtask matrix-report record|report`: scripts/matrix's bookkeeping.
-//! `record` turns one pair's BuildResult (`<work>/<pair>.result.json`, if
+//! The matrix's bookkeeping. `record` turns one pair's BuildResult (`<work>/<pair>.result.json`, if
 //! the installer wrote one) and the builder root's `.gpu-driver-root.json`
 //! into `<work>/<pair>.record.json`. `report` merges the records into
 //! `<out>/matrix.json` (keeping earlier rows of pairs not run, unless
@@ -14,64 +13,36 @@ use gpu_driver_contract::text::rfc3339_utc;
 
 use crate::pyjson::{J, py_round};
 
-const SUITES: [&str; 2] = ["bookworm", "trixie"];
-const FLAVORS: [&str; 2] = ["open", "proprietary"];
+pub(super) const SUITES: [&str; 2] = ["bookworm", "trixie"];
+pub(super) const FLAVORS: [&str; 2] = ["open", "proprietary"];
 
-#[derive(clap::Subcommand)]
-pub enum Cmd {
-    /// One pair's outcome, from its result document and the root's record.
-    Record(RecordArgs),
-    /// matrix.json and matrix.md from the records and the earlier matrix.json.
-    Report(ReportArgs),
+/// One pair's run, as `record` needs it.
+pub(super) struct RecordArgs {
+    pub work: PathBuf,
+    pub pair: String,
+    pub suite: String,
+    pub flavor: String,
+    pub root: PathBuf,
+    pub source: String,
+    pub kernel: String,
+    pub exit_code: i64,
+    pub wall_ms: i64,
+    pub timeout: i64,
 }
 
-#[derive(clap::Args)]
-pub struct RecordArgs {
-    #[arg(long)]
-    work: PathBuf,
-    #[arg(long)]
-    pair: String,
-    #[arg(long)]
-    suite: String,
-    #[arg(long, value_parser = FLAVORS)]
-    flavor: String,
-    #[arg(long)]
-    root: PathBuf,
-    #[arg(long)]
-    source: String,
-    #[arg(long)]
-    kernel: String,
-    #[arg(long, allow_hyphen_values = true)]
-    exit_code: i64,
-    #[arg(long)]
-    wall_ms: i64,
-    #[arg(long)]
-    timeout: i64,
-}
-
-#[derive(clap::Args)]
-pub struct ReportArgs {
-    #[arg(long)]
-    work: PathBuf,
-    #[arg(long)]
-    out: PathBuf,
-    #[arg(long)]
-    expect: String,
-    #[arg(long)]
-    jobs: i64,
-    #[arg(long)]
-    fresh: bool,
-}
-
-pub fn run(cmd: Cmd) -> Result<()> {
-    match cmd {
-        Cmd::Record(a) => record(&a, &now()),
-        Cmd::Report(a) => report(&a, &now()),
-    }
+pub(super) struct ReportArgs {
+    pub work: PathBuf,
+    pub out: PathBuf,
+    /// As given: matrix.json names it.
+    pub expect: String,
+    /// Where it is read from.
+    pub expect_path: PathBuf,
+    pub jobs: i64,
+    pub fresh: bool,
 }
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
-fn now() -> String {
+pub(super) fn now() -> String {
     rfc3339_utc(SystemTime::now())
 }
 
@@ -255,7 +226,7 @@ fn no_result(rec: &mut J, a: &RecordArgs) {
     );
 }
 
-fn record(a: &RecordArgs, measured: &str) -> Result<()> {
+pub(super) fn record(a: &RecordArgs, measured: &str) -> Result<()> {
     let root = J::read(&a.root.join(".gpu-driver-root.json"))?;
     let doc = read_result(a);
     let empty = J::Obj(Vec::new());
@@ -577,8 +548,8 @@ fn render(
     (json, md, merged, failed)
 }
 
-fn report(a: &ReportArgs, generated: &str) -> Result<()> {
-    let expect = load_expect(Path::new(&a.expect))?;
+pub(super) fn report(a: &ReportArgs, generated: &str) -> Result<()> {
+    let expect = load_expect(&a.expect_path)?;
     let path_json = a.out.join("matrix.json");
     let previous = if !a.fresh && path_json.exists() {
         Some(J::read(&path_json)?)
