@@ -61,6 +61,29 @@ pub const CROSS_ARM64: &[Need] = &[
 /// The arm64 VM test.
 pub const VM_ARM64: &[Need] = &[("qemu-system-aarch64", "qemu-system-arm")];
 
+/// `images build`: buildah without a daemon, debootstrap for the base,
+/// unshare for buildah's mount namespace, file and static glibc for the
+/// pause binary, tar to read the OCI archives.
+pub const IMAGES: &[Need] = &[
+    ("buildah", "buildah"),
+    ("debootstrap", "debootstrap"),
+    ("unshare", "util-linux"),
+    ("file", "file"),
+    ("gcc", "gcc"),
+    ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
+    ("tar", "tar"),
+];
+
+/// `images check`: a throwaway containerd, its runtime, and util-linux to
+/// give it a mount namespace and ctr a way into it.
+pub const CONTAINERD: &[Need] = &[
+    ("containerd", "containerd"),
+    ("ctr", "containerd"),
+    ("runc", "runc"),
+    ("unshare", "util-linux"),
+    ("nsenter", "util-linux"),
+];
+
 /// Installs the packages of `needs` whose command or file is missing.
 pub fn ensure(needs: &[&[Need]]) -> Result<()> {
     let mut missing: Vec<&str> = Vec::new();

@@ -15,6 +15,7 @@ mod cmd;
 mod deadline;
 mod e2e;
 mod go;
+mod images;
 mod jail;
 mod matrix_report;
 mod node_root;
@@ -99,6 +100,13 @@ enum Command {
     MatrixReport {
         #[command(subcommand)]
         cmd: matrix_report::Cmd,
+    },
+    /// The project's container images: built with buildah into OCI
+    /// archives (scripts/build-images), checked in a throwaway containerd
+    /// (scripts/check-images).
+    Images {
+        #[command(subcommand)]
+        cmd: images::Cmd,
     },
     /// The measuring and reporting halves of scripts/bench-*.
     Bench {
@@ -194,6 +202,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::MatrixReport { cmd } => matrix_report::run(cmd),
+        Command::Images { cmd } => images::run(&repo, cmd),
         Command::Bench { cmd } => bench::run(cmd),
     }
 }
