@@ -26,6 +26,7 @@ mod static_build;
 mod test_data;
 mod tools;
 mod toolsfile;
+mod vm;
 
 #[derive(Parser)]
 #[command(
@@ -113,6 +114,16 @@ enum Command {
         #[command(subcommand)]
         cmd: bench::Cmd,
     },
+    /// The x86_64 VM test: the static installer loads real modules into
+    /// Debian's cloud kernel under QEMU (scripts/vm-test).
+    VmTest(vm::X86Args),
+    /// The arm64 VM test: an emulated arm64 machine loads a cross-built
+    /// arm64 artifact (scripts/vm-test-arm64).
+    VmTestArm64(vm::Arm64Args),
+    /// The Secure Boot VM test: Debian's signed boot chain under OVMF, a
+    /// MOK enrolled, what the build signed installed
+    /// (scripts/vm-test-secureboot).
+    VmTestSecureboot(vm::SecureBootArgs),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -204,5 +215,8 @@ fn dispatch(cli: Cli) -> Result<()> {
         Command::MatrixReport { cmd } => matrix_report::run(cmd),
         Command::Images { cmd } => images::run(&repo, cmd),
         Command::Bench { cmd } => bench::run(cmd),
+        Command::VmTest(a) => vm::x86(&repo, a),
+        Command::VmTestArm64(a) => vm::arm64(&repo, a),
+        Command::VmTestSecureboot(a) => vm::secure_boot(&repo, a),
     }
 }
