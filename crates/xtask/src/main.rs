@@ -109,7 +109,8 @@ enum Command {
         #[command(subcommand)]
         cmd: images::Cmd,
     },
-    /// The measuring and reporting halves of scripts/bench-*.
+    /// The benchmarks behind scripts/bench-*: figures side by side with
+    /// their targets and ratios.
     Bench {
         #[command(subcommand)]
         cmd: bench::Cmd,
@@ -214,7 +215,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::MatrixReport { cmd } => matrix_report::run(cmd),
         Command::Images { cmd } => images::run(&repo, cmd),
-        Command::Bench { cmd } => bench::run(cmd),
+        Command::Bench { cmd } => bench::run(&repo, cmd),
         Command::VmTest(a) => vm::x86(&repo, a),
         Command::VmTestArm64(a) => vm::arm64(&repo, a),
         Command::VmTestSecureboot(a) => vm::secure_boot(&repo, a),
