@@ -21,6 +21,7 @@ mod matrix_report;
 mod node_root;
 mod pipeline;
 mod pyjson;
+mod real_node;
 mod stages;
 mod static_build;
 mod test_data;
@@ -109,6 +110,11 @@ enum Command {
         #[command(subcommand)]
         cmd: images::Cmd,
     },
+    /// A real node: a QEMU VM with containerd and a kubelet joins a local
+    /// control plane, and the whole chain runs there on the GPU double;
+    /// the last stdout line is one JSON object (scripts/real-node,
+    /// docs/real-node.md).
+    RealNode(real_node::Args),
     /// The benchmarks behind scripts/bench-*: figures side by side with
     /// their targets and ratios.
     Bench {
@@ -215,6 +221,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::MatrixReport { cmd } => matrix_report::run(cmd),
         Command::Images { cmd } => images::run(&repo, cmd),
+        Command::RealNode(args) => real_node::run(&repo, args),
         Command::Bench { cmd } => bench::run(&repo, cmd),
         Command::VmTest(a) => vm::x86(&repo, a),
         Command::VmTestArm64(a) => vm::arm64(&repo, a),
