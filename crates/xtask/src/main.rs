@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod apt;
 mod bench;
+mod builder_root;
 mod cache;
 mod cluster;
 mod cmd;
@@ -17,7 +18,7 @@ mod e2e;
 mod go;
 mod images;
 mod jail;
-mod matrix_report;
+mod matrix;
 mod node_root;
 mod pipeline;
 mod pyjson;
@@ -74,6 +75,9 @@ enum Command {
     },
     /// Prints the cache root.
     CacheRoot,
+    /// A Debian builder root (scripts/builder-root): a compiler, the cloud
+    /// kernel's headers and Debian's NVIDIA module sources; prints its path.
+    BuilderRoot(builder_root::Args),
     /// A real, local Kubernetes control plane: etcd, kube-apiserver,
     /// kube-controller-manager, kube-scheduler and KWOK
     /// (scripts/local-cluster, docs/local-cluster.md).
@@ -97,12 +101,10 @@ enum Command {
         #[arg(long)]
         rebuild: bool,
     },
-    /// scripts/matrix's records of each pair and its report (matrix.json,
-    /// matrix.md).
-    MatrixReport {
-        #[command(subcommand)]
-        cmd: matrix_report::Cmd,
-    },
+    /// The build-matrix smoke test (scripts/matrix): real compiles of
+    /// Debian's NVIDIA module sources in the builder roots, compared with
+    /// docs/matrix-expect.json (exit 1 when a pair differs, 2 on usage).
+    Matrix(matrix::Args),
     /// The project's container images: built with buildah into OCI
     /// archives (scripts/build-images), checked in a throwaway containerd
     /// (scripts/check-images).
@@ -219,7 +221,11 @@ fn dispatch(cli: Cli) -> Result<()> {
             println!("{}", node_root::build(&repo, rebuild)?.display());
             Ok(())
         }
-        Command::MatrixReport { cmd } => matrix_report::run(cmd),
+        Command::BuilderRoot(a) => builder_root::run(a),
+        Command::Matrix(a) => match matrix::run_matrix(&repo, a)? {
+            0 => Ok(()),
+            code => std::process::exit(code.into()),
+        },
         Command::Images { cmd } => images::run(&repo, cmd),
         Command::RealNode(args) => real_node::run(&repo, args),
         Command::Bench { cmd } => bench::run(&repo, cmd),

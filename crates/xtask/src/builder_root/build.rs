@@ -73,7 +73,10 @@ fn build_tmp(spec: &Spec, root: &Path, tmp: &Path) -> Result<()> {
     let mut packages = spec.packages.clone();
     let mut foreign = Vec::new();
     if spec.arch != "amd64" {
-        run(&mut in_root(tmp, &["dpkg", "--add-architecture", spec.arch]))?;
+        run(&mut in_root(
+            tmp,
+            &["dpkg", "--add-architecture", spec.arch],
+        ))?;
     }
     run(&mut in_root(tmp, &["apt-get", "update", "-qq"]))?;
     if spec.arch != "amd64" {
@@ -81,7 +84,10 @@ fn build_tmp(spec: &Spec, root: &Path, tmp: &Path) -> Result<()> {
         packages.extend(more);
         foreign = f;
     }
-    let mut install = in_root(tmp, &["apt-get", "install", "-y", "-qq", "--no-install-recommends"]);
+    let mut install = in_root(
+        tmp,
+        &["apt-get", "install", "-y", "-qq", "--no-install-recommends"],
+    );
     // Its progress on stdout is noise; errors go to stderr.
     let st = install
         .args(&packages)
@@ -155,7 +161,12 @@ fn cross_packages(tmp: &Path, arch: &str) -> Result<(Vec<String>, Vec<String>)> 
         .with_context(|| format!("{meta} depends on no linux-headers-* package"))?;
     let show = read(&mut in_root(
         tmp,
-        &["apt-cache", "show", "--no-all-versions", &format!("{abi}:{arch}")],
+        &[
+            "apt-cache",
+            "show",
+            "--no-all-versions",
+            &format!("{abi}:{arch}"),
+        ],
     ))?;
     let version = parse::field(&show, "Version").context("no Version")?;
     let depends = parse::field(&show, "Depends").unwrap_or_default();
@@ -183,7 +194,14 @@ fn unpack_foreign(tmp: &Path, foreign: &[String]) -> Result<Vec<(String, String,
     std::fs::create_dir_all(&dir)?;
     let mut dl = in_root(
         tmp,
-        &["env", "-C", "/var/cache/gpu-driver-foreign", "apt-get", "download", "-qq"],
+        &[
+            "env",
+            "-C",
+            "/var/cache/gpu-driver-foreign",
+            "apt-get",
+            "download",
+            "-qq",
+        ],
     );
     run(dl.args(foreign))?;
     let mut debs: Vec<PathBuf> = std::fs::read_dir(&dir)?
@@ -199,13 +217,16 @@ fn unpack_foreign(tmp: &Path, foreign: &[String]) -> Result<Vec<(String, String,
         std::fs::create_dir_all(&stage)?;
         run(cmd("dpkg-deb").arg("-x").arg(&deb).arg(&stage))?;
         copy_tree(&stage, tmp)?;
-        let fields = read(
-            cmd("dpkg-deb")
-                .arg("-f")
-                .arg(&deb)
-                .args(["Package", "Version", "Architecture"]),
-        )?;
-        out.push(parse::deb_fields(&fields).with_context(|| format!("fields of {}", deb.display()))?);
+        let fields =
+            read(
+                cmd("dpkg-deb")
+                    .arg("-f")
+                    .arg(&deb)
+                    .args(["Package", "Version", "Architecture"]),
+            )?;
+        out.push(
+            parse::deb_fields(&fields).with_context(|| format!("fields of {}", deb.display()))?,
+        );
     }
     crate::cache::remove(&dir)?;
     Ok(out)
@@ -244,8 +265,14 @@ fn record(
     let names: Vec<String> = std::fs::read_dir(&src)?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect();
-    let krel = parse::newest_release(names.iter().map(String::as_str), spec.arch)
-        .with_context(|| format!("no linux-headers-*-cloud-{} in {}", spec.arch, src.display()))?;
+    let krel =
+        parse::newest_release(names.iter().map(String::as_str), spec.arch).with_context(|| {
+            format!(
+                "no linux-headers-*-cloud-{} in {}",
+                spec.arch,
+                src.display()
+            )
+        })?;
     let headers = src.join(format!("linux-headers-{krel}"));
     let (sources, gcc) = if spec.arch == "amd64" {
         let v = read(&mut in_root(tmp, &["gcc", "--version"]))?;
@@ -254,7 +281,10 @@ fn record(
         // The cross gcc of the kernel's major, as the installer will choose it.
         let config = std::fs::read_to_string(headers.join(".config"))?;
         let major = parse::cc_major(&config).context("no gcc in the headers' .config")?;
-        let v = read(&mut in_root(tmp, &[&format!("aarch64-linux-gnu-gcc-{major}"), "--version"]))?;
+        let v = read(&mut in_root(
+            tmp,
+            &[&format!("aarch64-linux-gnu-gcc-{major}"), "--version"],
+        ))?;
         // The headers' scripts/ and tools/ must reach the amd64 kbuild.
         if !headers.join("scripts/Makefile.build").is_file() {
             bail!("linux-headers-{krel}/scripts does not lead to an installed linux-kbuild");
@@ -263,7 +293,11 @@ fn record(
     };
     let mut src_obj = Vec::new();
     for s in &sources {
-        let file = if *s == "open" { "nvidia-open-kernel.tar.xz" } else { "nvidia-kernel.tar.xz" };
+        let file = if *s == "open" {
+            "nvidia-open-kernel.tar.xz"
+        } else {
+            "nvidia-kernel.tar.xz"
+        };
         if !src.join(file).is_file() {
             bail!("{} missing", src.join(file).display());
         }
@@ -271,23 +305,40 @@ fn record(
     }
     let query = read(&mut in_root(
         tmp,
-        &["dpkg-query", "-W", "-f", "${db:Status-Abbrev}\t${Package}\t${Version}\n"],
+        &[
+            "dpkg-query",
+            "-W",
+            "-f",
+            "${db:Status-Abbrev}\t${Package}\t${Version}\n",
+        ],
     ))?;
     let installed = parse::installed(&query);
-    let key = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let key = root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let key = key.rsplit('-').next().unwrap_or_default().to_string();
     let strs = |v: &[String]| J::Arr(v.iter().map(J::str).collect());
     Ok(J::Obj(vec![
         ("suite".into(), J::str(&spec.suite)),
         ("key".into(), J::str(key)),
-        ("created".into(), J::str(rfc3339_utc(std::time::SystemTime::now()))),
+        (
+            "created".into(),
+            J::str(rfc3339_utc(std::time::SystemTime::now())),
+        ),
         ("mirror".into(), J::str(&spec.mirror)),
-        ("components".into(), J::Arr(COMPONENTS.split(',').map(J::str).collect())),
+        (
+            "components".into(),
+            J::Arr(COMPONENTS.split(',').map(J::str).collect()),
+        ),
         ("requested".into(), strs(requested)),
         ("arch".into(), J::str(spec.arch)),
         ("kernelRelease".into(), J::str(&krel)),
         ("gcc".into(), J::str(gcc.lines().next().unwrap_or_default())),
         ("sources".into(), J::Obj(src_obj)),
-        ("packages".into(), parse::recorded_packages(requested, &krel, &installed, unpacked)),
+        (
+            "packages".into(),
+            parse::recorded_packages(requested, &krel, &installed, unpacked),
+        ),
     ]))
 }

@@ -162,7 +162,11 @@ fn lock_file(root: &Path) -> Result<File> {
 fn wait_lock(f: &File, root: &Path, shared: bool) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(3600);
     loop {
-        let got = if shared { f.try_lock_shared() } else { f.try_lock() };
+        let got = if shared {
+            f.try_lock_shared()
+        } else {
+            f.try_lock()
+        };
         match got {
             Ok(()) => return Ok(()),
             Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {

@@ -50,7 +50,8 @@ fn umount(p: &Path) {
 
 /// Unmounts everything at or below `dir`, deepest first.
 pub(super) fn unmount_below(dir: &Path) -> Result<()> {
-    let table = std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    let table =
+        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
     for m in below(&table, &absolute(dir)) {
         umount(Path::new(&m));
     }
@@ -59,11 +60,9 @@ pub(super) fn unmount_below(dir: &Path) -> Result<()> {
 
 /// `realpath -m`: absolute, the parts that exist resolved.
 fn absolute(dir: &Path) -> PathBuf {
-    std::fs::canonicalize(dir).unwrap_or_else(|_| {
-        match (dir.parent(), dir.file_name()) {
-            (Some(p), Some(n)) => std::fs::canonicalize(p).unwrap_or(p.to_path_buf()).join(n),
-            _ => dir.to_path_buf(),
-        }
+    std::fs::canonicalize(dir).unwrap_or_else(|_| match (dir.parent(), dir.file_name()) {
+        (Some(p), Some(n)) => std::fs::canonicalize(p).unwrap_or(p.to_path_buf()).join(n),
+        _ => dir.to_path_buf(),
     })
 }
 
@@ -74,7 +73,11 @@ fn below(table: &str, dir: &Path) -> Vec<String> {
         .lines()
         .filter_map(|l| l.split(' ').nth(1))
         .map(|m| m.replace("\\040", " "))
-        .filter(|m| *m == dir || m.strip_prefix(dir.as_ref()).is_some_and(|r| r.starts_with('/')))
+        .filter(|m| {
+            *m == dir
+                || m.strip_prefix(dir.as_ref())
+                    .is_some_and(|r| r.starts_with('/'))
+        })
         .collect();
     v.sort();
     v.reverse();

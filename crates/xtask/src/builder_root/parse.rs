@@ -195,7 +195,8 @@ pub(super) fn summary(meta: &J) -> String {
 mod tests {
     use super::*;
 
-    const DEPENDS: &str = "linux-headers-cloud-arm64:arm64\n  Depends: linux-headers-6.1.0-50-cloud-arm64:arm64\n";
+    const DEPENDS: &str =
+        "linux-headers-cloud-arm64:arm64\n  Depends: linux-headers-6.1.0-50-cloud-arm64:arm64\n";
     const SHOW: &str = "Package: linux-headers-6.1.0-50-cloud-arm64\nVersion: 6.1.158-1\nDepends: linux-headers-6.1.0-50-common (= 6.1.158-1), linux-kbuild-6.1 (= 6.1.158-1), linux-compiler-gcc-12-arm, gcc-12\n";
 
     #[test]
@@ -256,7 +257,8 @@ mod tests {
             p.dump_line(false),
             r#"{"gcc": "4:12.2.0-3", "gcc-12": "12.2.0-14", "linux-headers-6.1.0-50-cloud-amd64": "6.1.158-1", "linux-headers-6.1.0-50-common": "6.1.158-1", "linux-kbuild-6.1": "6.1.158-1", "nvidia-open-kernel-source": "535.261.03-1 (arm64, unpacked)"}"#
         );
-        let deb = "Package: nvidia-open-kernel-source\nVersion: 535.261.03-1\nArchitecture: arm64\n";
+        let deb =
+            "Package: nvidia-open-kernel-source\nVersion: 535.261.03-1\nArchitecture: arm64\n";
         assert_eq!(deb_fields(deb), Some(unpacked[0].clone()));
     }
 }

@@ -266,7 +266,7 @@ fn secs(from: f64, to: f64) -> serde_json::Value {
 }
 
 /// The stages of the run: `==> name` at the start, `<== name: Ns (M MiB
-/// free)` at the end (as scripts/lib.sh's `stage`).
+/// free)` at the end (as the shell scripts' stage lines were).
 #[derive(Default)]
 struct Clock {
     current: Option<(String, Instant)>,

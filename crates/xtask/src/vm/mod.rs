@@ -167,18 +167,23 @@ fn initramfs(root: &Path, out: &Path) -> Result<()> {
         .stdout(Stdio::piped())
         .spawn()
         .context("starting cpio")?;
-    let mut gzip = cmd("gzip");
-    gzip.arg("-1")
+    // Spawned, not run_limited: that gives its child a null stdin.
+    let mut gzip = cmd("gzip")
+        .arg("-1")
         .stdin(cpio.stdout.take().context("cpio's stdout")?)
-        .stdout(fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
-    let gz = proc::run_limited(&mut gzip, proc::SHORT);
-    for (name, child) in [("find", &mut find), ("cpio", &mut cpio)] {
+        .stdout(fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?)
+        .spawn()
+        .context("starting gzip")?;
+    for (name, child) in [
+        ("find", &mut find),
+        ("cpio", &mut cpio),
+        ("gzip", &mut gzip),
+    ] {
         match proc::wait(child, proc::SHORT)? {
             Some(st) if st.success() => {}
             st => bail!("{name} of {} failed ({st:?})", root.display()),
         }
     }
-    gz?;
     fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("{} ({} bytes)", out.display(), fs::metadata(out)?.len());
     Ok(())
