@@ -253,26 +253,15 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The root's record: what was asked for and what it resolved to.
-fn record(
+/// The root's module sources (each checked to be there) and its gcc: the
+/// cross gcc of the kernel's major for arm64, as the installer will choose
+/// it.
+fn sources_and_gcc(
     spec: &Spec,
-    root: &Path,
     tmp: &Path,
-    requested: &[String],
-    unpacked: &[(String, String, String)],
-) -> Result<J> {
-    let src = tmp.join("usr/src");
-    let names: Vec<String> = std::fs::read_dir(&src)?
-        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect();
-    let krel =
-        parse::newest_release(names.iter().map(String::as_str), spec.arch).with_context(|| {
-            format!(
-                "no linux-headers-*-cloud-{} in {}",
-                spec.arch,
-                src.display()
-            )
-        })?;
+    src: &Path,
+    krel: &str,
+) -> Result<(Vec<(String, J)>, String)> {
     let headers = src.join(format!("linux-headers-{krel}"));
     let (sources, gcc) = if spec.arch == "amd64" {
         let v = read(&mut in_root(tmp, &["gcc", "--version"]))?;
@@ -303,6 +292,30 @@ fn record(
         }
         src_obj.push((s.to_string(), J::str(format!("/usr/src/{file}"))));
     }
+    Ok((src_obj, gcc))
+}
+
+/// The root's record: what was asked for and what it resolved to.
+fn record(
+    spec: &Spec,
+    root: &Path,
+    tmp: &Path,
+    requested: &[String],
+    unpacked: &[(String, String, String)],
+) -> Result<J> {
+    let src = tmp.join("usr/src");
+    let names: Vec<String> = std::fs::read_dir(&src)?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    let krel =
+        parse::newest_release(names.iter().map(String::as_str), spec.arch).with_context(|| {
+            format!(
+                "no linux-headers-*-cloud-{} in {}",
+                spec.arch,
+                src.display()
+            )
+        })?;
+    let (src_obj, gcc) = sources_and_gcc(spec, tmp, &src, &krel)?;
     let query = read(&mut in_root(
         tmp,
         &[

@@ -265,6 +265,13 @@ fn secrets(ctx: &Ctx, pkg: &Package) -> Result<String> {
             "-n", NS, "create", "secret", "generic", secret, &endpoint, &id, &key, region,
         ])?;
     }
+    signing_secret(ctx)
+}
+
+/// The module-signing key pair as a `kubernetes.io/tls` Secret; returns
+/// the certificate's SHA-256.
+fn signing_secret(ctx: &Ctx) -> Result<String> {
+    let k = &ctx.kube;
     // The module-signing key pair (Secure Boot, docs/secure-boot.md): only
     // the build Job mounts it. The VM does not boot with Secure Boot, so
     // the signed module loads as any other; what this proves is the

@@ -31,7 +31,6 @@ pub(super) fn assert_all(
         log(&format!("{}: {d}", if ok { "ok" } else { "FAILED" }));
         failed |= !ok;
     };
-    let read = |f: &str| fs::read_to_string(ctx.out.join(f)).unwrap_or_default();
     let os_image = s(&c.node, "/status/nodeInfo/osImage");
     let kernel = s(&c.node, "/status/nodeInfo/kernelVersion");
     let installer = images.name("installer")?;
@@ -47,6 +46,22 @@ pub(super) fn assert_all(
         format!("the operator recorded the verified install ({})", c.outcome),
         c.outcome == "Installed",
     );
+    check_jobs(ctx, installer, c, &mut check);
+    check_node_and_pods(c, g, &mut check)?;
+    check_reboots(ctx, installer, w, &mut check);
+    if failed {
+        log(&format!(
+            "assertions failed; work files in {}",
+            ctx.out.display()
+        ));
+        bail!("assertions failed");
+    }
+    Ok(())
+}
+
+/// What the build and install Jobs did and ran with.
+fn check_jobs(ctx: &Ctx, installer: &str, c: &Cold, check: &mut impl FnMut(String, bool)) {
+    let read = |f: &str| fs::read_to_string(ctx.out.join(f)).unwrap_or_default();
     let verified = "\"reason\":\"Verified\"";
     check(
         "the installer's result says Verified".into(),
@@ -103,16 +118,6 @@ pub(super) fn assert_all(
             .and_then(Value::as_str)
             != Some("false"),
     );
-    check_node_and_pods(c, g, &mut check)?;
-    check_reboots(ctx, installer, w, &mut check);
-    if failed {
-        log(&format!(
-            "assertions failed; work files in {}",
-            ctx.out.display()
-        ));
-        bail!("assertions failed");
-    }
-    Ok(())
 }
 
 fn check_node_and_pods(c: &Cold, g: &Gpu, check: &mut impl FnMut(String, bool)) -> Result<()> {
