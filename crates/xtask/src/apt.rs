@@ -117,6 +117,14 @@ pub fn ensure(needs: &[&[Need]]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
+/// The Debian archive: `GPU_DRIVER_DEBIAN_MIRROR`, else deb.debian.org.
+pub fn debian_mirror() -> String {
+    std::env::var("GPU_DRIVER_DEBIAN_MIRROR")
+        .ok()
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| "http://deb.debian.org/debian".to_string())
+}
+
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()

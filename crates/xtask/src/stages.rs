@@ -123,6 +123,39 @@ fn parse_df_free(out: &str) -> Option<u64> {
     out.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()
 }
 
+/// Progress on stderr for a command's stages: `==> name` when one starts,
+/// `<== name: Ns (M MiB free)` when the next starts or `end` is called
+/// (the free space of `dir`'s file system: a run that fills the disk says
+/// at which stage).
+pub struct Stage {
+    dir: PathBuf,
+    current: Option<(String, Instant)>,
+}
+
+impl Stage {
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            current: None,
+        }
+    }
+
+    pub fn start(&mut self, name: &str) {
+        self.end();
+        eprintln!("==> {name}");
+        self.current = Some((name.to_string(), Instant::now()));
+    }
+
+    pub fn end(&mut self) {
+        if let Some((name, t)) = self.current.take() {
+            let free = free_mib(&self.dir)
+                .map(|f| f.to_string())
+                .unwrap_or_default();
+            eprintln!("<== {name}: {}s ({free} MiB free)", t.elapsed().as_secs());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

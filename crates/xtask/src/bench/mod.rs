@@ -18,6 +18,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{cmd, show};
 use crate::pyjson::J;
+use crate::stages::Stage;
 
 mod artifact;
 mod build;
@@ -60,38 +61,6 @@ pub fn run(repo: &Path, c: Cmd) -> Result<()> {
         Cmd::Operator(a) => operator::bench(repo, &cleanup, &mut stage, &a),
         Cmd::Exporter(a) => exporter::bench(repo, &cleanup, &a),
         Cmd::Fetch(a) => fetch::bench(repo, &cleanup, &mut stage, &a),
-    }
-}
-
-/// `==> name` when a stage starts, `<== name: Ns (M MiB free)` when it
-/// ends (the free space of the checkout's file system: a run that fills
-/// the disk says at which stage).
-struct Stage {
-    repo: PathBuf,
-    current: Option<(String, Instant)>,
-}
-
-impl Stage {
-    fn new(repo: &Path) -> Self {
-        Self {
-            repo: repo.to_path_buf(),
-            current: None,
-        }
-    }
-
-    fn start(&mut self, name: &str) {
-        self.end();
-        eprintln!("==> {name}");
-        self.current = Some((name.to_string(), Instant::now()));
-    }
-
-    fn end(&mut self) {
-        if let Some((name, t)) = self.current.take() {
-            let free = crate::stages::free_mib(&self.repo)
-                .map(|f| f.to_string())
-                .unwrap_or_default();
-            eprintln!("<== {name}: {}s ({free} MiB free)", t.elapsed().as_secs());
-        }
     }
 }
 

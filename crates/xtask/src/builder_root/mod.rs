@@ -93,10 +93,7 @@ impl Spec {
             suite: suite.to_string(),
             debian_suite,
             arch,
-            mirror: std::env::var("GPU_DRIVER_DEBIAN_MIRROR")
-                .ok()
-                .filter(|m| !m.is_empty())
-                .unwrap_or_else(|| "http://deb.debian.org/debian".into()),
+            mirror: apt::debian_mirror(),
             packages,
             foreign,
         }

@@ -12,6 +12,7 @@ use super::config::{self, write_file};
 use super::process::{self, alive, check_interrupted, output, spawn_detached};
 use super::{JobPods, Layout, Opts, down, status};
 use crate::cmd::{cmd, is_executable};
+use crate::stages::Stage;
 
 /// The controllers a simulated cluster needs (no node lifecycle: simulated
 /// nodes are never tainted or evicted).
@@ -43,28 +44,6 @@ impl Ports {
     }
 }
 
-/// Progress on stderr: "==> NAME", then "<== NAME: Ns (M MiB free)".
-struct Stage<'a> {
-    repo: &'a Path,
-    current: Option<(String, Instant)>,
-}
-
-impl Stage<'_> {
-    fn start(&mut self, name: &str) {
-        self.end();
-        eprintln!("==> {name}");
-        self.current = Some((name.to_string(), Instant::now()));
-    }
-    fn end(&mut self) {
-        if let Some((name, t)) = self.current.take() {
-            let free = crate::stages::free_mib(self.repo)
-                .map(|f| format!(" ({f} MiB free)"))
-                .unwrap_or_default();
-            eprintln!("<== {name}: {}s{free}", t.elapsed().as_secs());
-        }
-    }
-}
-
 pub fn up(repo: &Path, l: &Layout, o: &Opts) -> Result<()> {
     let dir = l.dir.display();
     if l.marker().is_file() {
@@ -91,10 +70,7 @@ pub fn up(repo: &Path, l: &Layout, o: &Opts) -> Result<()> {
     }
     // A failed up leaves nothing running, even when interrupted.
     process::catch_signals()?;
-    let mut stage = Stage {
-        repo,
-        current: None,
-    };
+    let mut stage = Stage::new(repo);
     match start_all(repo, l, o, &mut stage) {
         Ok((server, bin)) => {
             stage.end();

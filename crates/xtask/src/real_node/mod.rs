@@ -49,7 +49,7 @@ mod vm;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, bail};
 use nix::sys::signal::{self, SigHandler, Signal};
@@ -267,27 +267,24 @@ fn secs(from: f64, to: f64) -> serde_json::Value {
 
 /// The stages of the run: `==> name` at the start, `<== name: Ns (M MiB
 /// free)` at the end (as the shell scripts' stage lines were).
-#[derive(Default)]
-struct Clock {
-    current: Option<(String, Instant)>,
+struct Clock(crate::stages::Stage);
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock(crate::stages::Stage::new(Path::new(".")))
+    }
 }
 
 impl Clock {
     fn stage(&mut self, name: &str) -> Result<()> {
-        self.end();
+        self.0.end();
         check_interrupted()?;
-        eprintln!("==> {name}");
-        self.current = Some((name.to_string(), Instant::now()));
+        self.0.start(name);
         Ok(())
     }
 
     fn end(&mut self) {
-        if let Some((name, t)) = self.current.take() {
-            let free = crate::stages::free_mib(Path::new("."))
-                .map(|f| f.to_string())
-                .unwrap_or_default();
-            eprintln!("<== {name}: {}s ({free} MiB free)", t.elapsed().as_secs());
-        }
+        self.0.end();
     }
 }
 

@@ -17,13 +17,7 @@ const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 /// apt's own timeouts bound each connection; this bounds the whole call.
 const APT_LIMIT: Duration = Duration::from_secs(30 * 60);
 
-/// `GPU_DRIVER_DEBIAN_MIRROR`, else deb.debian.org.
-pub fn mirror() -> String {
-    std::env::var("GPU_DRIVER_DEBIAN_MIRROR")
-        .ok()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| "http://deb.debian.org/debian".to_string())
-}
+pub use crate::apt::debian_mirror as mirror;
 
 pub struct Apt {
     root: PathBuf,

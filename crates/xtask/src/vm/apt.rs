@@ -15,13 +15,7 @@ use crate::cmd::cmd;
 /// Debian's archive key, as Debian's own sources name it.
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
-/// `GPU_DRIVER_DEBIAN_MIRROR`, else Debian's redirector.
-pub fn mirror() -> String {
-    std::env::var("GPU_DRIVER_DEBIAN_MIRROR")
-        .ok()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| "http://deb.debian.org/debian".to_string())
-}
+pub use crate::apt::debian_mirror as mirror;
 
 pub struct Apt {
     root: PathBuf,

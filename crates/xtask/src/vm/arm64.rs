@@ -64,7 +64,7 @@ pub fn run(repo: &Path, args: Args) -> Result<()> {
             artifact.display()
         );
     }
-    let mut stage = Stage::new();
+    let mut stage = Stage::new(Path::new("."));
     stage.start("vm-test-arm64 tools");
     packages::ensure(&[packages::VM_ARM64, TOOLS])?;
     let release = super::manifest_release(&super::artifact_manifest(&artifact)?, false)?;

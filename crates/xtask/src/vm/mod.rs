@@ -17,12 +17,13 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 
 use crate::cmd::{cmd, show};
+pub(crate) use crate::stages::Stage;
 
 mod apt;
 mod arm64;
@@ -39,31 +40,6 @@ const VM_LIMIT: Duration = Duration::from_secs(600);
 
 /// The largest module or manifest read into memory.
 const MAX_READ: u64 = 1 << 30;
-
-/// A stage of a test: `==> name` when it starts, `<== name: Ns (M MiB
-/// free)` when the next one starts or the test ends.
-struct Stage(Option<(String, Instant)>);
-
-impl Stage {
-    fn new() -> Self {
-        Self(None)
-    }
-
-    fn start(&mut self, name: &str) {
-        self.end();
-        eprintln!("==> {name}");
-        self.0 = Some((name.to_string(), Instant::now()));
-    }
-
-    fn end(&mut self) {
-        if let Some((name, t)) = self.0.take() {
-            let free = crate::stages::free_mib(Path::new("."))
-                .map(|f| f.to_string())
-                .unwrap_or_default();
-            eprintln!("<== {name}: {}s ({free} MiB free)", t.elapsed().as_secs());
-        }
-    }
-}
 
 /// Writes `bytes` to a temporary file beside `path`, then renames it.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {

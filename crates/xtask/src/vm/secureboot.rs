@@ -92,7 +92,7 @@ pub fn run(repo: &Path, args: Args) -> Result<()> {
             cache.root().join("vm").display()
         );
     }
-    let mut stage = Stage::new();
+    let mut stage = Stage::new(Path::new("."));
     stage.start("packages (apt-get download: ovmf, shim-signed, grub-efi-amd64-signed, shim-helpers-amd64-signed)");
     packages::ensure(&[packages::VM, TOOLS])?;
     let sb = cache.dir("secureboot")?;

@@ -88,7 +88,7 @@ pub fn run(repo: &Path, args: Args) -> Result<()> {
     if !nvidia_ko.is_file() {
         bail!("vm-test: {} does not exist", nvidia_ko.display());
     }
-    let mut stage = Stage::new();
+    let mut stage = Stage::new(Path::new("."));
     stage.start("vm-test tools");
     let (release, version) = tools_and_release(&nvidia_ko)?;
     let vm = Cache::resolve()?.dir("vm")?;
