@@ -14,7 +14,6 @@ use sha2::{Digest as _, Sha256};
 
 use super::{Cleanup, Stage, median, met, scratch, timed, under_time};
 use crate::apt::{self, Need};
-use crate::static_build::{self, Arch};
 
 const TOOLS: &[Need] = &[("/usr/bin/time", "time"), ("curl", "curl")];
 
@@ -32,17 +31,12 @@ pub struct Args {
 pub(super) fn bench(repo: &Path, cleanup: &Cleanup, stage: &mut Stage, a: &Args) -> Result<()> {
     apt::ensure(&[TOOLS])?;
     let work = scratch(cleanup, Path::new("/var/tmp"), "bench-fetch.")?;
-    stage.start("static installer");
-    let bins = static_build::build(
-        repo,
-        &["gpu-driver-installer", "gpu-driver-operator"],
-        Arch::X86_64,
-    )?;
+    let installer = super::root::installer(repo, stage, None)?;
     stage.start(&format!("payload ({} MiB)", a.size_mib));
     let payload = work.join("payload.run");
     let sha256 = random_file(&payload, a.size_mib * 1024 * 1024)?;
     stage.end();
-    fetch(&bins[0], &work, &sha256, a.runs as usize)
+    fetch(&installer, &work, &sha256, a.runs as usize)
 }
 
 /// `size` bytes of /dev/urandom in `path`; their sha256.
